@@ -1,0 +1,1 @@
+"""Attention normalisation in training: temperature, top-k selection and other normalisers."""

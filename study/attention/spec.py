@@ -1,0 +1,70 @@
+"""`AttentionSpec`: which normaliser, temperature and top-k selection an attention layer uses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How attention rows are normalised.
+
+    Args:
+        normalizer: name of the row normaliser (see `study.attention.NORMALIZERS`); "softmax" is the stock one.
+        temperature: T > 0. Scores are ``q.k * scaling / T`` where ``scaling`` is the model's own (1/sqrt(d) for
+            GPT-2), so T = 1 is the stock model and T < 1 sharpens attention.
+        top_k: None keeps every causally visible key. An integer k >= 1 keeps exactly the k largest scores among
+            the visible keys (ties broken by position) and renormalises over them; a row that sees fewer than k
+            keys keeps them all.
+        layers: indices of the layers the spec applies to; None means all. Other layers keep stock attention.
+
+    Validation happens at construction, so a bad value fails before any model or data is touched.
+    """
+
+    normalizer: str = "softmax"
+    temperature: float = 1.0
+    top_k: int | None = None
+    layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        from study.attention.normalizers import NORMALIZERS  # local: normalizers import this module
+
+        if self.normalizer not in NORMALIZERS:
+            raise ValueError(f"unknown normalizer {self.normalizer!r}; choose one of {sorted(NORMALIZERS)}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature <= 0:
+            raise ValueError(f"temperature must be finite and > 0, got {self.temperature!r}")
+        if self.top_k is not None:
+            if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+                raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
+            if self.top_k < 1:
+                raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
+        if self.layers is not None:
+            layers = tuple(self.layers)  # YAML gives lists
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+                raise ValueError(f"layers must be non-negative layer indices, got {self.layers!r}")
+            object.__setattr__(self, "layers", layers)
+        NORMALIZERS[self.normalizer].check_spec(self)
+
+    @property
+    def is_stock_softmax(self) -> bool:
+        """True when the layer computes plain (temperature-scaled) softmax over all visible keys.
+
+        Such layers run on PyTorch's fused SDPA kernel with the temperature folded into its scale.
+        """
+        return self.normalizer == "softmax" and self.top_k is None
+
+    def applies_to(self, layer: int | None) -> bool:
+        return self.layers is None or layer is None or layer in self.layers
+
+    def as_hparams(self) -> dict[str, object]:
+        """Flat, TensorBoard-friendly hyperparameters (HParams needs scalars; None becomes 0 = all keys)."""
+        hparams = asdict(self)
+        hparams["top_k"] = self.top_k or 0
+        hparams["layers"] = "all" if self.layers is None else ",".join(map(str, self.layers))
+        return hparams
+
+
+STOCK = AttentionSpec()

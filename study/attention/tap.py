@@ -1,0 +1,70 @@
+"""Attention taps: a way for monitors to see attention rows without keeping them.
+
+A tap is any object with an ``observe`` method. While at least one tap is open (``with tapping(tap): ...``),
+every attention call made through this project (`study.attention.attend`, or any transformers model after
+`apply_attention_spec`) takes the explicit path and hands each tap the layer's weights, still inside the call,
+so the tap can reduce them to per-head numbers at once. Nothing holds all layers' L x L maps at the same time.
+When no tap is open, attention runs its fast path untouched: a step that does not log costs nothing extra.
+
+Taps are per process and per thread; under DDP each rank taps its own forward pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from torch import Tensor
+
+from study.attention.spec import AttentionSpec
+
+
+class AttentionTap(Protocol):
+    def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+        """Called once per attention call.
+
+        Args:
+            layer: the layer index (transformers' ``module.layer_idx``, or ``attend(..., layer=)``; calls without
+                one are numbered in call order since the tap was opened).
+            weights: detached fp32 weights, (B, H, Lq, Lk), zero on keys that are not allowed.
+            allowed: bool, broadcastable to weights: the causal/padding mask before top-k selection, i.e. the
+                keys the query could see. Statistics "over visible keys" use it.
+            spec: the layer's spec (its temperature is needed for the softmax Jacobian).
+        """
+
+
+class _TapState(threading.local):
+    def __init__(self) -> None:
+        self.taps: list[AttentionTap] = []
+        self.unnamed_calls = 0
+
+
+_state = _TapState()
+
+
+@contextmanager
+def tapping(*taps: AttentionTap) -> Iterator[None]:
+    """Open taps for the duration of the block (nestable)."""
+    _state.taps.extend(taps)
+    if len(_state.taps) == len(taps):
+        _state.unnamed_calls = 0
+    try:
+        yield
+    finally:
+        for tap in taps:
+            _state.taps.remove(tap)
+
+
+def active_taps() -> tuple[AttentionTap, ...]:
+    return tuple(_state.taps)
+
+
+def notify(layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+    if layer is None:
+        layer = _state.unnamed_calls
+        _state.unnamed_calls += 1
+    weights = weights.detach()
+    for tap in _state.taps:
+        tap.observe(layer, weights, allowed, spec)

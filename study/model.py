@@ -1,0 +1,175 @@
+"""`GPT2Module`: causal-LM fine-tuning of GPT-2 under an `AttentionSpec` (temperature, top-k, normaliser).
+
+The Hugging Face model comes from the hub or a local directory (`model_name_or_path`, via `from_pretrained`) or is
+built from a small `GPT2Config` (from scratch). Its attention layers are switched to the spec with
+`study.attention.apply_attention_spec`, which is also why importing this module registers the attention
+implementation in every DDP worker.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torchmetrics.aggregation import MeanMetric
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from study.attention import AttentionSpec, apply_attention_spec, attention_modules
+
+
+class GPT2Module(L.LightningModule):
+    """Fine-tune (or train from scratch) a GPT-2 causal LM with a chosen attention normalisation.
+
+    Args:
+        attention: normaliser, temperature T, top-k selection and layers (`study.attention.AttentionSpec`).
+        model_name_or_path: hub name ("gpt2") or local directory to load with `from_pretrained`; None builds a
+            fresh model from the size arguments below.
+        n_layer, n_head, n_embd, n_positions: size of a model built from scratch (ignored when loading).
+        vocab_size: token ids to embed; the CLI links it to the data's tokenizer. A loaded model whose
+            vocabulary is smaller than the tokenizer's is an error.
+        block_size: sequence length the data produces; checked against the model's context (n_positions).
+        dropout: residual, embedding and attention dropout of a model built from scratch.
+        learning_rate: peak AdamW learning rate.
+        weight_decay: AdamW weight decay, applied to matrices only (not to biases, norms).
+        betas: AdamW betas.
+        warmup_steps: linear warm-up steps before the cosine decay.
+        min_lr_ratio: final learning rate as a fraction of the peak at the end of cosine decay.
+
+    Example:
+        >>> from study.attention import AttentionSpec
+        >>> module = GPT2Module(AttentionSpec(temperature=0.5, top_k=4), n_layer=2, n_embd=64, n_head=2,
+        ...                     n_positions=64, vocab_size=256)
+        >>> module.model.transformer.h[0].attn.study_spec.temperature
+        0.5
+    """
+
+    def __init__(
+        self,
+        attention: AttentionSpec | None = None,
+        model_name_or_path: str | None = None,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        n_positions: int = 256,
+        vocab_size: int = 50257,
+        block_size: int | None = None,
+        dropout: float = 0.0,
+        learning_rate: float = 3e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        attention = attention or AttentionSpec()
+        # `logger=False`: hyperparameters go to TensorBoard from `on_fit_start`, flattened and declared together
+        # with the metrics that HParams compares runs by.
+        self.save_hyperparameters(logger=False)
+        if model_name_or_path:
+            self.model = AutoModelForCausalLM.from_pretrained(model_name_or_path)
+            if self.model.get_input_embeddings().num_embeddings < vocab_size:
+                raise ValueError(
+                    f"the tokenizer has {vocab_size} tokens but {model_name_or_path!r} embeds only "
+                    f"{self.model.get_input_embeddings().num_embeddings}"
+                )
+        else:
+            config = GPT2Config(
+                n_layer=n_layer,
+                n_head=n_head,
+                n_embd=n_embd,
+                n_positions=n_positions,
+                vocab_size=vocab_size,
+                resid_pdrop=dropout,
+                embd_pdrop=dropout,
+                attn_pdrop=dropout,
+                bos_token_id=vocab_size - 1,
+                eos_token_id=vocab_size - 1,
+            )
+            self.model = GPT2LMHeadModel(config)
+        context = getattr(self.model.config, "n_positions", None) or self.model.config.max_position_embeddings
+        if block_size is not None and block_size > context:
+            raise ValueError(f"block_size={block_size} exceeds the model's context of {context} positions")
+        apply_attention_spec(self.model, attention)
+        self.attention = attention
+        self.val_loss = MeanMetric()
+
+    def forward(self, input_ids: torch.Tensor, **kwargs):
+        return self.model(input_ids=input_ids, **kwargs)
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = batch["input_ids"]
+        return self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach().float().clamp(max=50)))
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        loss = self._loss(batch)
+        # Token-weighted mean, synchronised across processes by torchmetrics.
+        self.val_loss.update(loss, weight=batch["input_ids"].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", torch.exp(loss.float().clamp(max=50)))
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.learning_rate,
+            betas=tuple(hp.betas),
+        )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warmup = min(hp.warmup_steps, total)
+
+        def lr_factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        if self.trainer.is_global_zero:
+            for logger in self.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    log_hparams(logger, self.hparam_summary(), metrics=("val/loss", "val/ppl"))
+
+    def hparam_summary(self) -> dict[str, float | int | str]:
+        """Scalar hyperparameters for TensorBoard's HParams view: the attention spec first."""
+        hp = self.hparams
+        summary = {f"attention/{k}": v for k, v in self.attention.as_hparams().items()}
+        summary.update(
+            model=hp.model_name_or_path or f"gpt2-scratch-{hp.n_layer}x{hp.n_embd}",
+            learning_rate=hp.learning_rate,
+            weight_decay=hp.weight_decay,
+            warmup_steps=hp.warmup_steps,
+            block_size=hp.block_size or 0,
+            attention_layers=len(attention_modules(self.model)),
+        )
+        return summary
+
+
+def log_hparams(logger: TensorBoardLogger, params: dict, metrics: tuple[str, ...]) -> None:
+    """Write an HParams session that declares ``metrics`` without writing fake metric values.
+
+    `TensorBoardLogger.log_hyperparams(params, metrics)` also logs the metric values at step 0, which would put
+    a made-up point on the loss curve; the HParams view only needs the metric tags.
+    """
+    from torch.utils.tensorboard.summary import hparams
+
+    experiment, start, end = hparams(params, {name: 0.0 for name in metrics})
+    writer = logger.experiment._get_file_writer()
+    for summary in (experiment, start, end):
+        writer.add_summary(summary)

@@ -191,12 +191,16 @@ def test_summarize_rows_matches_brute_force(seed, sparse):
     assert set(expected) == set(sums)
     for key, value in sums.items():
         assert value.shape == (h,)
-        torch.testing.assert_close(value, torch.tensor(expected[key], dtype=torch.float64), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            value, torch.tensor(expected[key], dtype=torch.float64), atol=1e-5, rtol=1e-5
+        )
 
     # finalize divides by the right count, and sums from two halves add up to the whole.
     means = finalize(sums)
     torch.testing.assert_close(means["entropy"], sums["entropy"] / sums["rows"])
-    torch.testing.assert_close(means["normalized_entropy"], sums["normalized_entropy"] / sums["rows_nondegenerate"])
+    torch.testing.assert_close(
+        means["normalized_entropy"], sums["normalized_entropy"] / sums["rows_nondegenerate"]
+    )
     halves = [summarize_rows(weights[i : i + 1], allowed[i : i + 1], topk=ks) for i in range(b)]
     for key in sums:
         torch.testing.assert_close(halves[0][key] + halves[1][key], sums[key])

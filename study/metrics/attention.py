@@ -158,9 +158,7 @@ def sample_rows(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def summarize_rows(
-    weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1, 4, 16)
-) -> dict[str, Tensor]:
+def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
     """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
 
     Sums (not means) so that calls over several batches, layers or processes can be added and divided once

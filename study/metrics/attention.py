@@ -1,0 +1,231 @@
+"""Statistics of attention rows: entropy, distance to uniform, top-k mass, Jacobian norm.
+
+All functions take attention weights shaped (..., Lk) whose rows sum to 1 over the keys the query may see.
+`allowed` is a bool tensor broadcastable to the weights (True = key visible to this query). A causal row t
+sees t + 1 keys, and a padded query row sees none, so every statistic is taken against the VISIBLE count
+n = allowed.sum(-1), never against Lk.
+
+Conventions (used by the elementwise functions and by the reductions alike):
+
+* Weights outside `allowed` are expected to be zero; `summarize_rows` zeroes them itself so that a model
+  that masks with a large negative number instead of -inf (or gives padded rows some weights) is measured
+  the same way.
+* 0 log 0 = 0, so exact zeros (top-k, sparsemax, entmax) never produce NaN.
+* A row with n = 0 (fully masked, padding) is *invalid*: every per-row function returns 0 there and the
+  reductions leave it out of every sum and count.
+* A row with n = 1 is *degenerate* for the normalised entropy: H / log(n) is 0 / 0. `normalized_entropy`
+  returns 0 there and the reductions sum it over rows with n >= 2 only and divide by
+  `rows_nondegenerate`. All other statistics are well defined at n = 1 (KL = TV = 0, max weight 1) and are
+  averaged over every row with n >= 1 (`rows`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-row statistics
+# ---------------------------------------------------------------------------------------------------------
+
+
+def visible_count(allowed: Tensor) -> Tensor:
+    """Number of keys each query may see, shaped (...)."""
+    return allowed.sum(-1)
+
+
+def row_entropy(weights: Tensor) -> Tensor:
+    """Shannon entropy H = -sum a log a of each row, in nats, with 0 log 0 = 0."""
+    return -torch.xlogy(weights, weights).sum(-1)
+
+
+def _log_visible(n: Tensor) -> Tensor:
+    # log n with log 0 replaced by 0: an empty row then gives 0 for every statistic built on it.
+    return torch.log(n.clamp(min=1).to(torch.float32))
+
+
+def normalized_entropy(weights: Tensor, allowed: Tensor) -> Tensor:
+    """H / log(n), 1 for uniform attention over the visible keys and 0 for one-hot.
+
+    Rows with n <= 1 are degenerate (0 / 0) and get 0; reductions exclude them (see module docstring).
+    """
+    n = visible_count(allowed)
+    log_n = _log_visible(n)
+    return torch.where(n >= 2, row_entropy(weights) / log_n.clamp(min=math.log(2)), 0.0)
+
+
+def kl_to_uniform(weights: Tensor, allowed: Tensor) -> Tensor:
+    """KL(a || uniform over the n visible keys) = log n - H. Zero for rows with n = 0."""
+    n = visible_count(allowed)
+    return torch.where(n >= 1, _log_visible(n) - row_entropy(weights), 0.0)
+
+
+def tv_to_uniform(weights: Tensor, allowed: Tensor) -> Tensor:
+    """Total variation 0.5 * sum over visible keys |a_i - 1/n|. Zero for rows with n = 0."""
+    n = visible_count(allowed)
+    inv_n = 1.0 / n.clamp(min=1).to(weights.dtype)
+    dist = torch.where(allowed, (weights - inv_n.unsqueeze(-1)).abs(), 0.0).sum(-1)
+    return torch.where(n >= 1, 0.5 * dist, 0.0)
+
+
+def max_weight(weights: Tensor) -> Tensor:
+    """The largest weight of each row."""
+    return weights.amax(-1)
+
+
+def effective_support(weights: Tensor) -> Tensor:
+    """exp(H): the number of keys a uniform row with the same entropy would spread over."""
+    return row_entropy(weights).exp()
+
+
+def nonzero_count(weights: Tensor) -> Tensor:
+    """Number of weights that are not exactly zero (the support of sparsemax / entmax rows)."""
+    return (weights != 0).sum(-1)
+
+
+def topk_mass(weights: Tensor, k: int) -> Tensor:
+    """Total weight of the k largest entries of each row; 1 when k >= the number of visible keys."""
+    k = min(k, weights.shape[-1])
+    return weights.topk(k, dim=-1).values.sum(-1)
+
+
+def _selection_tv_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Tensor:
+    """TV between the renormalised top-min(k, n) weights and uniform over those keys.
+
+    `top` holds each row's largest weights in descending order (at least k columns if Lk allows), `cum` their
+    cumulative sum, `n` the visible count. Only the first m = min(k, n) columns count as selected.
+    """
+    kk = min(k, top.shape[-1])
+    m = n.clamp(min=1, max=kk)
+    mass = cum.gather(-1, (m - 1).unsqueeze(-1)).squeeze(-1)
+    # Renormalise; a row whose selected mass is 0 (all-zero padding) stays 0 and is dropped by the caller.
+    p = top[..., :kk] / mass.clamp(min=torch.finfo(top.dtype).tiny).unsqueeze(-1)
+    selected = torch.arange(kk, device=top.device) < m.unsqueeze(-1)
+    inv_m = 1.0 / m.to(top.dtype)
+    tv = 0.5 * torch.where(selected, (p - inv_m.unsqueeze(-1)).abs(), 0.0).sum(-1)
+    return torch.where((n >= 1) & (mass > 0), tv, 0.0)
+
+
+def selection_uniformity(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
+    """How uniform the selected set is: TV between the renormalised top-k weights and uniform over
+    min(k, n) keys. 0 means the k selected keys carry equal weight (always so for k = 1); values near 1
+    mean one key dominates the selection. Zero for rows with n = 0.
+    """
+    kk = min(k, weights.shape[-1])
+    top = weights.topk(kk, dim=-1).values
+    n = visible_count(allowed).expand(weights.shape[:-1])
+    return _selection_tv_from_sorted(top, top.cumsum(-1), n, k)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Jacobian of softmax, on sampled rows
+# ---------------------------------------------------------------------------------------------------------
+
+
+def softmax_jacobian_norm(weights: Tensor, temperature: float) -> Tensor:
+    """Spectral norm of d softmax(l / T) / d l = (1/T) (diag(a) - a a^T) for each row of `weights` (R, Lk).
+
+    The matrix is symmetric positive semi-definite, so its spectral norm is its largest eigenvalue; it lies
+    in [0, 1/(2T)] (the paper's Corollary 3 states 1/(4T), which a two-key row at a = (1/2, 1/2) already
+    exceeds). Builds an (R, Lk, Lk) tensor: pass a sample of rows (see `sample_rows`), not a whole batch.
+    """
+    a = weights.to(torch.float32)
+    jac = torch.diag_embed(a) - a.unsqueeze(-1) * a.unsqueeze(-2)
+    return torch.linalg.eigvalsh(jac)[..., -1].clamp(min=0.0) / temperature
+
+
+def sample_rows(
+    weights: Tensor, allowed: Tensor, n_rows: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """Up to `n_rows` random non-degenerate rows (n >= 2) of `weights`, flattened to (n_rows, Lk).
+
+    Deterministic for a given generator state. Weights outside `allowed` are zeroed. Returns fewer rows when
+    fewer are valid. Uses boolean indexing (one host sync): meant for logging steps only.
+    """
+    lk = weights.shape[-1]
+    allowed = allowed.expand(weights.shape)
+    rows = weights.masked_fill(~allowed, 0.0).reshape(-1, lk)
+    valid = (visible_count(allowed).reshape(-1) >= 2).nonzero().squeeze(-1)
+    device = generator.device if generator is not None else torch.device("cpu")
+    perm = torch.randperm(valid.numel(), generator=generator, device=device)[:n_rows]
+    return rows[valid[perm.to(valid.device)]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reductions used during training
+# ---------------------------------------------------------------------------------------------------------
+
+
+def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
+    """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
+
+    Sums (not means) so that calls over several batches, layers or processes can be added and divided once
+    by `finalize`. Each value is a float64 tensor shaped (H,):
+
+    rows                  rows with n >= 1 (the divisor of every statistic below but one)
+    rows_nondegenerate    rows with n >= 2 (the divisor of normalized_entropy)
+    entropy, normalized_entropy, kl_uniform, tv_uniform, max_weight, effective_support, nonzero,
+    topk_mass/{k}, selection_tv/{k}  for each k in `topk`.
+
+    Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
+    topk with the largest k whose values serve every k.
+    """
+    B, H, Lq, Lk = weights.shape
+    allowed = allowed.expand(B, H, Lq, Lk)
+    # The one full-size copy: fp32 and zero outside the visible keys (see module docstring).
+    w = weights.to(torch.float32).masked_fill(~allowed, 0.0)
+    n = visible_count(allowed)  # (B, H, Lq)
+    valid = n >= 1
+    nondegenerate = n >= 2
+    log_n = _log_visible(n)
+
+    entropy = -torch.xlogy(w, w).sum(-1)
+    # TV to uniform = sum_i (a_i - 1/n)_+ because both distributions sum to 1 over the visible keys; masked
+    # keys hold 0 < 1/n and drop out of the positive part, so no mask is needed here.
+    inv_n = 1.0 / n.clamp(min=1).to(torch.float32)
+    tv = (w - inv_n.unsqueeze(-1)).clamp_(min=0.0).sum(-1)
+    nonzero = (w != 0).sum(-1)
+
+    # One topk with the largest k; every smaller k reads a prefix of it.
+    kmax = min(max(topk), Lk) if topk else 1
+    top = w.topk(kmax, dim=-1).values  # (B, H, Lq, kmax), descending
+    cum = top.cumsum(-1)
+
+    per_row: dict[str, tuple[Tensor, Tensor]] = {
+        "entropy": (entropy, valid),
+        "normalized_entropy": (entropy / log_n.clamp(min=math.log(2)), nondegenerate),
+        "kl_uniform": (log_n - entropy, valid),
+        "tv_uniform": (tv, valid),
+        "max_weight": (top[..., 0], valid),
+        "effective_support": (entropy.exp(), valid),
+        "nonzero": (nonzero, valid),
+    }
+    for k in topk:
+        per_row[f"topk_mass/{k}"] = (cum[..., min(k, kmax) - 1], valid)
+        per_row[f"selection_tv/{k}"] = (_selection_tv_from_sorted(top, cum, n, k), valid)
+
+    sums = {
+        "rows": valid.sum((0, 2)).to(torch.float64),
+        "rows_nondegenerate": nondegenerate.sum((0, 2)).to(torch.float64),
+    }
+    for key, (value, keep) in per_row.items():
+        # where, not multiply: a padded row's statistic may be NaN and 0 * NaN is NaN.
+        sums[key] = torch.where(keep, value.to(torch.float64), 0.0).sum((0, 2))
+    return sums
+
+
+def finalize(sums: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-head means from (accumulated) `summarize_rows` sums.
+
+    normalized_entropy is divided by `rows_nondegenerate`, everything else by `rows`. A head with no
+    counted row gets NaN, which says "no data" rather than a fake 0. The count keys are passed through.
+    """
+    out = {"rows": sums["rows"], "rows_nondegenerate": sums["rows_nondegenerate"]}
+    for key, value in sums.items():
+        if key in out:
+            continue
+        count = sums["rows_nondegenerate"] if key == "normalized_entropy" else sums["rows"]
+        out[key] = torch.where(count > 0, value / count.clamp(min=1), float("nan"))
+    return out

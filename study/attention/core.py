@@ -102,7 +102,7 @@ def attend(
         if bias is not None:
             scores = scores + bias.float().masked_fill(~mask, 0.0)
         selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
-        weights = normalizer(scores, selected)
+        weights = normalizer(scores, selected, visible=allowed)
 
     if tap.active_taps():
         tap.notify(layer, weights, allowed, spec)

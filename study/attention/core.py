@@ -52,6 +52,9 @@ def attend(
             Transformers models get one per layer from `apply_attention_spec`.
         layer: layer index reported to taps.
 
+    The normaliser gets the allowed keys after top-k selection and, as ``visible``, the causal/padding mask
+    before it (SSMax's n counts the visible keys).
+
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
     if scaling is None:

@@ -52,6 +52,9 @@ def attend(
             Transformers models get one per layer from `apply_attention_spec`.
         layer: layer index reported to taps.
 
+    The normaliser gets the allowed keys after top-k selection and, as ``visible``, the causal/padding mask
+    before it (SSMax's n counts the visible keys).
+
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
     if scaling is None:
@@ -102,7 +105,7 @@ def attend(
         if bias is not None:
             scores = scores + bias.float().masked_fill(~mask, 0.0)
         selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
-        weights = normalizer(scores, selected)
+        weights = normalizer(scores, selected, visible=allowed)
 
     if tap.active_taps():
         tap.notify(layer, weights, allowed, spec)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+SELF_ADJUST_VARIANTS = ("normalized", "plain")
+
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -18,7 +20,15 @@ class AttentionSpec:
             the visible keys (ties broken by position) and renormalises over them; a row that sees fewer than k
             keys keeps them all.
         layers: indices of the layers the spec applies to; None means all. Other layers keep stock attention.
+        alpha: the alpha of ``normalizer="entmax"`` (alpha-entmax; 1 would be softmax, 2 is sparsemax); > 1.
+        learnable: whether the normaliser's parameter trains (entmax: alpha per head; ssmax: s per head).
+            None means the normaliser's default: True for ssmax (as in the SSMax paper), False for entmax.
+            True on a normaliser without parameters is rejected.
+        ssmax_scale: initial (or fixed) s of ``normalizer="ssmax"``, per head; finite and > 0.
+        self_adjust_variant: ``normalizer="self_adjust"`` only: "normalized" or "plain" (see `SelfAdjustSoftmax`).
 
+    Options that only one normaliser reads (alpha, ssmax_scale, self_adjust_variant) must keep their default
+    under any other normaliser: a value that would be silently ignored is rejected instead.
     Validation happens at construction, so a bad value fails before any model or data is touched.
     """
 
@@ -26,6 +36,10 @@ class AttentionSpec:
     temperature: float = 1.0
     top_k: int | None = None
     layers: tuple[int, ...] | None = None
+    alpha: float = 1.5
+    learnable: bool | None = None
+    ssmax_scale: float = 0.43
+    self_adjust_variant: str = "normalized"
 
     def __post_init__(self) -> None:
         from study.attention.normalizers import NORMALIZERS  # local: normalizers import this module
@@ -46,6 +60,16 @@ class AttentionSpec:
             if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
                 raise ValueError(f"layers must be non-negative layer indices, got {self.layers!r}")
             object.__setattr__(self, "layers", layers)
+        for name in ("alpha", "ssmax_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.learnable is not None and not isinstance(self.learnable, bool):
+            raise ValueError(f"learnable must be None, True or False, got {self.learnable!r}")
+        if self.self_adjust_variant not in SELF_ADJUST_VARIANTS:
+            raise ValueError(
+                f"unknown self_adjust_variant {self.self_adjust_variant!r}; choose one of {list(SELF_ADJUST_VARIANTS)}"
+            )
         NORMALIZERS[self.normalizer].check_spec(self)
 
     @property
@@ -64,7 +88,17 @@ class AttentionSpec:
         hparams = asdict(self)
         hparams["top_k"] = self.top_k or 0
         hparams["layers"] = "all" if self.layers is None else ",".join(map(str, self.layers))
+        hparams["learnable"] = self.is_learnable
         return hparams
+
+    @property
+    def is_learnable(self) -> bool:
+        """Whether the normaliser's parameter trains, with None resolved to the normaliser's default."""
+        from study.attention.normalizers import NORMALIZERS
+
+        if self.learnable is not None:
+            return self.learnable
+        return NORMALIZERS[self.normalizer].learnable_by_default
 
 
 STOCK = AttentionSpec()

@@ -28,7 +28,9 @@ class AttentionTap(Protocol):
         Args:
             layer: the layer index (transformers' ``module.layer_idx``, or ``attend(..., layer=)``; calls without
                 one are numbered in call order since the tap was opened).
-            weights: detached fp32 weights, (B, H, Lq, Lk), zero on keys that are not allowed.
+            weights: detached fp32 weights, (B, H, Lq, Lk), zero on keys that are not allowed. Rows sum to 1
+                only when ``NORMALIZERS[spec.normalizer].sums_to_one`` (not for self_adjust): statistics that
+                treat a row as a distribution must check it.
             allowed: bool, broadcastable to weights: the causal/padding mask before top-k selection, i.e. the
                 keys the query could see. Statistics "over visible keys" use it.
             spec: the layer's spec (its temperature is needed for the softmax Jacobian).

@@ -1,0 +1,303 @@
+"""Normalisers beyond softmax: sparsemax, entmax15, entmax, ssmax, self_adjust.
+
+Each is checked against a reference written here (or, where `entmax` provides one, against another `entmax`
+routine), for causality through `attend` and through a tiny GPT-2, for finite values and gradients at a very low
+temperature, for fully masked rows, and for its learnable parameters training and being saved.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import entmax
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from study.attention import NORMALIZERS, AttentionSpec, apply_attention_spec, attend, causal_allowed
+from study.attention.hf import attention_modules
+
+NEW = ["sparsemax", "entmax15", "entmax", "ssmax", "self_adjust"]
+SPECS = {
+    "sparsemax": AttentionSpec(normalizer="sparsemax"),
+    "entmax15": AttentionSpec(normalizer="entmax15"),
+    "entmax": AttentionSpec(normalizer="entmax", alpha=1.8, learnable=True),
+    "ssmax": AttentionSpec(normalizer="ssmax"),
+    "self_adjust": AttentionSpec(normalizer="self_adjust"),
+    "self_adjust_plain": AttentionSpec(normalizer="self_adjust", self_adjust_variant="plain"),
+}
+SUMS_TO_ONE = {"sparsemax", "entmax15", "entmax", "ssmax"}
+HEADS = 4
+
+
+def qkv(batch=2, heads=HEADS, length=7, dim=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3))
+
+
+def build(spec: AttentionSpec, heads: int = HEADS):
+    return NORMALIZERS[spec.normalizer].from_spec(spec, heads)
+
+
+def causal_weights(spec: AttentionSpec, scores: torch.Tensor):
+    """Weights of a causal (Lq = Lk) row set, with the module that produced them."""
+    allowed = causal_allowed(scores.shape[-2], scores.shape[-1], scores.device)[None, None]
+    normalizer = build(spec, scores.shape[1])
+    return normalizer(scores, allowed, visible=allowed), allowed, normalizer
+
+
+# --- reference formulas, written independently of the code under test --------------------------------------
+
+
+def sparsemax_reference(z: torch.Tensor) -> torch.Tensor:
+    """Sort-based sparsemax of one vector (Martins & Astudillo 2016, Alg. 1)."""
+    z_sorted, _ = torch.sort(z, descending=True)
+    cumsum = z_sorted.cumsum(0)
+    ks = torch.arange(1, len(z) + 1, dtype=z.dtype)
+    support = 1 + ks * z_sorted > cumsum
+    k = int(ks[support].max())
+    tau = (cumsum[k - 1] - 1) / k
+    return (z - tau).clamp(min=0)
+
+
+def self_adjust_reference(z: torch.Tensor, variant: str) -> torch.Tensor:
+    """SA-Softmax of one vector (Zheng et al. 2025)."""
+    p = torch.softmax(z, dim=0)
+    if variant == "plain":
+        return z * p
+    low, high = min(z.min().item(), 0.0), max(z.max().item(), 0.0)
+    return (z - low) / (high - low) * p
+
+
+def reference(name: str, z: torch.Tensor, head: int, normalizer) -> torch.Tensor:
+    """Reference weights of one row's visible scores ``z`` (all visible keys allowed, no top-k)."""
+    if name == "sparsemax":
+        return sparsemax_reference(z)
+    if name == "entmax15":
+        return entmax.entmax_bisect(z.double(), alpha=1.5, n_iter=100).to(z.dtype)
+    if name == "entmax":
+        return entmax.entmax_bisect(z.double(), alpha=float(normalizer.alpha[head]), n_iter=100).to(z.dtype)
+    if name == "ssmax":
+        return torch.softmax(z * float(normalizer.s[head]) * math.log(len(z)), dim=0)
+    return self_adjust_reference(z, "plain" if name == "self_adjust_plain" else "normalized")
+
+
+# --- values -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_matches_reference_formula_row_by_row(name):
+    torch.manual_seed(1)
+    scores = torch.randn(2, HEADS, 9, 9) * 3
+    weights, _, normalizer = causal_weights(SPECS[name], scores)
+    for b in range(2):
+        for h in range(HEADS):
+            for t in range(9):
+                expected = reference(name, scores[b, h, t, : t + 1], h, normalizer)
+                torch.testing.assert_close(weights[b, h, t, : t + 1], expected, atol=2e-5, rtol=1e-4)
+                assert (weights[b, h, t, t + 1 :] == 0).all()
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_rows_sum_to_one_where_the_method_does(name):
+    torch.manual_seed(2)
+    weights, _, normalizer = causal_weights(SPECS[name], torch.randn(2, HEADS, 16, 16) * 2)
+    sums = weights.sum(-1)
+    assert normalizer.sums_to_one == (SPECS[name].normalizer in SUMS_TO_ONE)
+    if normalizer.sums_to_one:
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+    else:
+        # SA-Softmax does not normalise rows: check the flag tells the truth.
+        assert not torch.allclose(sums, torch.ones_like(sums), atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "entmax"])
+def test_thresholding_maps_give_exact_zeros_on_allowed_keys(name):
+    scores = torch.zeros(1, HEADS, 1, 6)
+    scores[..., 0] = 10.0  # one key far above the others takes the whole row
+    allowed = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    weights = build(SPECS[name])(scores, allowed)
+    assert (weights[..., 0] == 1).all() and (weights[..., 1:] == 0).all()
+    torch.manual_seed(3)
+    weights, allowed, _ = causal_weights(SPECS[name], torch.randn(1, HEADS, 32, 32) * 4)
+    assert ((weights == 0) & allowed).any(), "random rows should have exact zeros among allowed keys"
+
+
+def test_entmax15_equals_entmax_with_alpha_1_5():
+    torch.manual_seed(4)
+    scores = torch.randn(2, HEADS, 10, 10) * 2
+    exact, allowed, _ = causal_weights(SPECS["entmax15"], scores)
+    bisect = build(AttentionSpec(normalizer="entmax", alpha=1.5))(scores, allowed)
+    torch.testing.assert_close(exact, bisect, atol=1e-5, rtol=1e-4)
+
+
+def test_ssmax_uses_the_visible_count_of_each_causal_row():
+    scores = torch.full((1, 1, 4, 4), 1.0)
+    scores[..., 0] = 2.0  # key 0 beats the others by 1, so its weight is n^s / (n^s + n - 1) on row n - 1
+    spec = AttentionSpec(normalizer="ssmax", ssmax_scale=0.5)
+    weights, _, _ = causal_weights(spec, scores)
+    for t in range(4):
+        n = t + 1
+        assert weights[0, 0, t, 0].item() == pytest.approx(n**0.5 / (n**0.5 + n - 1), rel=1e-6)
+    assert weights[0, 0, 0, 0].item() == 1.0  # log 1 = 0: the first row is still one key of weight 1
+
+
+def test_ssmax_with_top_k_keeps_the_visible_count():
+    """top_k selects keys; n stays the number of visible keys (documented choice)."""
+    torch.manual_seed(5)
+    q, k, v = qkv(length=12)
+    spec = AttentionSpec(normalizer="ssmax", top_k=3)
+    out = attend(q, k, v, spec)
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    expected = torch.zeros_like(scores)
+    for t in range(12):
+        row = scores[..., t, : t + 1]
+        top = row.topk(min(3, t + 1), dim=-1).indices
+        chosen = row.gather(-1, top) * 0.43 * math.log(t + 1)
+        expected[..., t, :].scatter_(-1, top, chosen.softmax(-1))
+    torch.testing.assert_close(out, expected @ v, atol=1e-5, rtol=1e-4)
+
+
+def test_self_adjust_single_key_rows():
+    allowed = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+    normalizer = build(SPECS["self_adjust"], 1)
+    assert normalizer(torch.full((1, 1, 1, 1), 2.0), allowed).item() == 1.0
+    assert normalizer(torch.full((1, 1, 1, 1), -2.0), allowed).item() == 0.0
+    assert normalizer(torch.zeros(1, 1, 1, 1), allowed).item() == 0.0  # 0 / 0 row: zero, not NaN
+
+
+# --- masks, causality, numerics ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_fully_masked_rows_give_zeros_not_nan(name):
+    torch.manual_seed(6)
+    scores = (torch.randn(2, HEADS, 3, 5) * 3).requires_grad_()
+    allowed = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    allowed[0, :, 1] = False  # a padded query
+    allowed[1, :, :, 3:] = False
+    normalizer = build(SPECS[name])
+    weights = normalizer(scores, allowed)
+    assert torch.isfinite(weights).all()
+    assert (weights[0, :, 1] == 0).all() and (weights[1, ..., 3:] == 0).all()
+    weights.square().sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    assert (scores.grad[0, :, 1] == 0).all()
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_attend_causal_puts_no_weight_on_future_keys(name):
+    q, k, v = qkv(length=8)
+    base = attend(q, k, v, SPECS[name], causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 5:, :] += 3 * torch.randn_like(k2[..., 5:, :])
+    v2[..., 5:, :] += 3 * torch.randn_like(v2[..., 5:, :])
+    moved = attend(q, k2, v2, SPECS[name], causal=True)
+    torch.testing.assert_close(moved[..., :5, :], base[..., :5, :], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_finite_outputs_and_gradients_at_low_temperature(name, bf16):
+    spec = AttentionSpec(**{**SPECS[name].__dict__, "temperature": 0.01})
+    q, k, v = (t.requires_grad_() for t in qkv(length=10, seed=7))
+    normalizer = build(spec)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = attend(q, k, v, spec, normalizer=normalizer)
+    assert torch.isfinite(out).all()
+    out.float().square().mean().backward()
+    for tensor in (q, k, v, *normalizer.parameters()):
+        assert torch.isfinite(tensor.grad).all()
+
+
+# --- a tiny GPT-2 -----------------------------------------------------------------------------------------
+
+CONFIG = GPT2Config(n_layer=2, n_embd=32, n_head=HEADS, vocab_size=64, n_positions=32)
+
+
+def tiny_gpt2(spec: AttentionSpec, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    # One config object per model: models built from one share `_attn_implementation`.
+    model = GPT2LMHeadModel(copy.deepcopy(CONFIG)).eval()
+    return apply_attention_spec(model, spec)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_gpt2_future_tokens_never_change_past_logits(name):
+    model = tiny_gpt2(SPECS[name])
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(8))
+    changed = ids.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1 + torch.randint(0, 62, (2, 5))) % 64
+    with torch.no_grad():
+        base, moved = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(moved[:, :7], base[:, :7], atol=1e-6, rtol=0)
+    assert not torch.allclose(moved[:, 7:], base[:, 7:])
+
+
+@pytest.mark.parametrize(
+    ("spec", "param"),
+    [
+        (AttentionSpec(normalizer="ssmax"), "s"),
+        (AttentionSpec(normalizer="entmax", alpha=1.5, learnable=True), "alpha"),
+    ],
+    ids=["ssmax-s", "entmax-alpha"],
+)
+def test_learnable_parameters_train_and_are_saved(spec, param):
+    model = tiny_gpt2(spec).train()
+    keys = [f"transformer.h.{i}.attn.study_normalizer.{param}" for i in range(2)]
+    state = model.state_dict()
+    assert all(key in state and state[key].shape == (HEADS,) for key in keys)
+    before = [state[key].clone() for key in keys]
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(9))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(ids, labels=ids).loss.backward()
+    for module in attention_modules(model):
+        grad = getattr(module.study_normalizer, param).grad
+        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    optimizer.step()
+    after = model.state_dict()
+    assert all(not torch.equal(after[key], old) for key, old in zip(keys, before))
+
+
+def test_fixed_parameters_are_buffers_in_the_state_dict():
+    model = tiny_gpt2(AttentionSpec(normalizer="ssmax", learnable=False, ssmax_scale=0.7))
+    normalizer = attention_modules(model)[0].study_normalizer
+    assert list(normalizer.parameters()) == []
+    assert torch.equal(
+        model.state_dict()["transformer.h.0.attn.study_normalizer.s"], torch.full((HEADS,), 0.7)
+    )
+
+
+# --- spec validation --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        (dict(normalizer="softermax"), "'softermax'"),
+        (dict(normalizer="entmax", alpha=1.0), "1.0"),
+        (dict(normalizer="entmax", alpha=0.5), "0.5"),
+        (dict(normalizer="entmax", alpha=float("nan")), "nan"),
+        (dict(normalizer="entmax15", alpha=2.0), "alpha=2.0"),
+        (dict(normalizer="sparsemax", alpha=1.2), "alpha=1.2"),
+        (dict(normalizer="softmax", ssmax_scale=1.0), "ssmax_scale=1.0"),
+        (dict(normalizer="ssmax", ssmax_scale=0.0), "0.0"),
+        (dict(normalizer="ssmax", self_adjust_variant="plain"), "self_adjust_variant='plain'"),
+        (dict(normalizer="self_adjust", self_adjust_variant="scaled"), "'scaled'"),
+        (dict(normalizer="sparsemax", learnable=True), "'sparsemax'"),
+        (dict(normalizer="self_adjust", learnable=True), "'self_adjust'"),
+        (dict(normalizer="entmax", learnable="yes"), "'yes'"),
+    ],
+)
+def test_bad_options_raise_value_error_naming_the_value(kwargs, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        AttentionSpec(**kwargs)
+
+
+def test_learnable_resolves_per_normalizer_and_hparams_stay_scalar():
+    assert AttentionSpec(normalizer="ssmax").is_learnable is True
+    assert AttentionSpec(normalizer="entmax").is_learnable is False
+    assert AttentionSpec(normalizer="sparsemax", learnable=False).is_learnable is False
+    for spec in SPECS.values():
+        assert all(isinstance(v, (int, float, str, bool)) for v in spec.as_hparams().values())

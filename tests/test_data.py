@@ -1,0 +1,85 @@
+"""TextDataModule: sources, tokenizers, packing, caching and validation of its arguments."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from study.data import TextDataModule, gpt2_tokenizer, shakespeare_files
+
+
+def test_local_files_are_packed_into_full_blocks(text_files, tmp_path):
+    train, val = text_files
+    dm = TextDataModule("files", train_files=[train], val_files=[val], vocab_size=300, block_size=16,
+                        batch_size=4, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == (4, 16) and batch["input_ids"].dtype == torch.long
+    assert int(batch["input_ids"].max()) < dm.vocab_size <= 300
+    # Validation blocks, decoded and joined, are the validation text (packing drops only the tail).
+    tokens = torch.cat([row["input_ids"] for row in dm.val_data]).tolist()
+    text = dm.tokenizer.decode(tokens).replace("<|endoftext|>", "")
+    assert Path(val).read_text().replace("\n", "").startswith(text.replace("\n", "")[:200])
+    assert len(tokens) == len(dm.val_data) * 16
+
+
+def test_cache_is_reused_and_keyed_by_block_size(text_files, tmp_path):
+    train, val = text_files
+    kwargs = dict(train_files=[train], val_files=[val], vocab_size=300, cache_dir=str(tmp_path / "cache"))
+    a = TextDataModule("files", block_size=16, **kwargs)
+    a.prepare_data()
+    stamp = a._blocks_dir().stat().st_mtime_ns
+    b = TextDataModule("files", block_size=16, **kwargs)
+    b.prepare_data()
+    assert b._blocks_dir() == a._blocks_dir() and b._blocks_dir().stat().st_mtime_ns == stamp
+    assert TextDataModule("files", block_size=32, **kwargs)._blocks_dir() != a._blocks_dir()
+
+
+def test_max_blocks_limit_the_splits(text_files, tmp_path):
+    train, val = text_files
+    dm = TextDataModule("files", train_files=[train], val_files=[val], vocab_size=300, block_size=16,
+                        cache_dir=str(tmp_path), max_train_blocks=5, max_val_blocks=2)
+    dm.prepare_data()
+    dm.setup()
+    assert len(dm.train_data) == 5 and len(dm.val_data) == 2
+
+
+def test_missing_file_is_named_before_anything_runs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        TextDataModule("files", train_files=[str(tmp_path / "nowhere.txt")], val_files=[str(tmp_path / "v.txt")])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(source="web"), "'web'"),
+        (dict(block_size=0), "block_size.*0"),
+        (dict(batch_size=2.5), "batch_size.*2.5"),
+        (dict(source="hub"), "dataset"),
+        (dict(source="files", train_files=["a"]), "val_files"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TextDataModule(**kwargs)
+
+
+def test_unknown_tokenizer_is_named(text_files, tmp_path):
+    train, val = text_files
+    dm = TextDataModule("files", train_files=[train], val_files=[val], tokenizer="no-such-tok", cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no-such-tok"):
+        dm.vocab_size
+
+
+def test_offline_gpt2_tokenizer_is_the_real_one():
+    tok = gpt2_tokenizer()
+    assert len(tok) == 50257 and tok.eos_token_id == 50256
+    assert tok("Hello world")["input_ids"] == [15496, 995]
+
+
+def test_embedded_corpus_is_split_by_whole_works():
+    files = shakespeare_files()
+    assert len(files["train"]) + len(files["validation"]) == 42 and len(files["validation"]) == 4
+    assert not set(files["train"]) & set(files["validation"])
+    assert any(f.endswith("hamlet_gut.txt") for f in files["validation"])

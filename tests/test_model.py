@@ -1,0 +1,99 @@
+"""GPT2Module: loading, validation, optimisation, logging."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from study.attention import AttentionSpec, current_spec
+from study.model import GPT2Module, warmup_cosine
+
+TINY = dict(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+
+
+def batches(n=8, length=16, seed=0):
+    ids = torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(seed))
+    return DataLoader([{"input_ids": row} for row in ids], batch_size=4)
+
+
+def test_spec_reaches_every_layer():
+    module = GPT2Module(AttentionSpec(temperature=0.5, top_k=3), **TINY)
+    assert set(current_spec(module.model).values()) == {AttentionSpec(temperature=0.5, top_k=3)}
+
+
+def test_from_pretrained_local_directory(tmp_path):
+    """The real loading path (`from_pretrained`), on a tiny model saved to a temporary folder."""
+    source = GPT2Module(**TINY)
+    source.model.save_pretrained(tmp_path / "tiny")
+    loaded = GPT2Module(AttentionSpec(top_k=2), model_name_or_path=str(tmp_path / "tiny"), vocab_size=64)
+    ids = torch.randint(0, 64, (1, 10))
+    for m in (source, loaded):
+        m.eval()
+    apply = source.model(input_ids=ids).logits
+    assert torch.equal(loaded.model.transformer.wte.weight, source.model.transformer.wte.weight)
+    assert current_spec(loaded.model)[0].top_k == 2
+    assert not torch.allclose(loaded.model(input_ids=ids).logits, apply)  # top-2 changes the output
+
+
+def test_tokenizer_larger_than_pretrained_vocabulary_is_rejected(tmp_path):
+    GPT2Module(**TINY).model.save_pretrained(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="100 tokens"):
+        GPT2Module(model_name_or_path=str(tmp_path / "tiny"), vocab_size=100)
+
+
+def test_block_size_above_context_is_rejected():
+    with pytest.raises(ValueError, match="block_size=64 exceeds the model's context of 32"):
+        GPT2Module(block_size=64, **TINY)
+
+
+def test_warmup_then_cosine_schedule():
+    factors = [warmup_cosine(step, warmup=2, total=10, floor=0.1) for step in range(11)]
+    assert factors[:2] == [0.5, 1.0]
+    assert factors[2] == pytest.approx(1.0) and factors[10] == pytest.approx(0.1)
+    assert factors[6] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 8)))
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+
+
+def test_fit_logs_losses_and_hparams(tmp_path):
+    from tbparse import SummaryReader
+
+    module = GPT2Module(AttentionSpec(temperature=0.3, top_k=4), **TINY, warmup_steps=1)
+    logger = L.pytorch.loggers.TensorBoardLogger(tmp_path, name="run", version=0, default_hp_metric=False)
+    trainer = L.Trainer(max_steps=4, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, val_check_interval=2)
+    trainer.fit(module, train_dataloaders=batches(), val_dataloaders=batches(seed=1))
+    scalars = SummaryReader(str(tmp_path / "run" / "version_0")).scalars
+    train = scalars[scalars.tag == "train/loss"]
+    assert list(train.step) == [0, 1, 2, 3] and train.value.map(math.isfinite).all()
+    val = scalars[scalars.tag == "val/loss"].value.tolist()
+    ppl = scalars[scalars.tag == "val/ppl"].value.tolist()
+    assert len(val) == 2 and ppl == pytest.approx([math.exp(v) for v in val], rel=1e-5)
+    hparams = SummaryReader(str(tmp_path / "run" / "version_0")).hparams
+    values = dict(zip(hparams.tag, hparams.value))
+    assert values["attention/temperature"] == pytest.approx(0.3) and values["attention/top_k"] == 4
+
+
+def test_validation_loss_is_token_weighted_mean():
+    module = GPT2Module(**TINY).eval()
+    loader = batches(n=6)  # batches of 4 and 2 sequences
+    expected_num = expected_den = 0.0
+    for batch in loader:
+        with torch.no_grad():
+            module.validation_step(batch, 0)
+            loss = module._loss(batch)
+        expected_num += loss.item() * batch["input_ids"].numel()
+        expected_den += batch["input_ids"].numel()
+    assert module.val_loss.compute().item() == pytest.approx(expected_num / expected_den, rel=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_training_at_low_temperature_stays_finite(precision):
+    module = GPT2Module(AttentionSpec(temperature=0.01), **TINY)
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, precision=precision, gradient_clip_val=1.0,
+                        limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=batches())
+    assert all(p.isfinite().all() for p in module.parameters())
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])

@@ -36,12 +36,12 @@ def distance_row(a: np.ndarray, x: np.ndarray, n_top: int) -> dict:
     max_top = max(np.linalg.norm(x[j]) for j in top)
     bound = (1 - mass) * d1 + ((n - n_top) * mass - (1 - mass)) * max_top
     c = n_top / (n - 1) if n > 1 else 0.0
+    total = np.zeros(x.shape[1])
+    for j in range(n):
+        total += a[j] * x[j]
     e = 0.0
     for i in range(n):
-        others = np.zeros(x.shape[1])
-        for j in range(n):
-            if j != i:
-                others += a[j] * x[j]
+        others = total - a[i] * x[i]  # sum_{j != i} alpha_j x_j
         e += np.linalg.norm(a[i] * x[i] - c * others)
     e *= (n - n_top) / n
     return {"d_sum_outside": d_out, "d_norm_of_sum": float(np.linalg.norm(inner)), "bound": bound,

@@ -174,10 +174,10 @@ def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
                 for g, N in enumerate(ns):
                     if N == L:
                         continue
-                    top, rest = order[:, :N], order[:, N:]
-                    q = pair[top[:, :, None], rest[:, None, :]]  # (C, N, L - N)
-                    rest_visible = pos[None, N:] < n[:, None]
-                    q = q.masked_fill(~rest_visible[:, None, :], -math.inf)
+                    # Whole rows of the pairwise matrix for the top-N keys (a fast row gather), then a max
+                    # over the visible keys outside I_N.
+                    q = pair[order[:, :N]]  # (C, N, L)
+                    q = q.masked_fill(~outside[:, g, None, :], -math.inf)
                     d1[:, g] = q.amax(dim=(1, 2)).clamp_min(0)  # no key outside I_N: d1 = 0 (bound = 0)
                 res["bound"] = (1 - A) * d1 + (n_out * A - (1 - A)) * max_top
                 res["d1"] = d1
@@ -187,7 +187,8 @@ def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
                 # first N keys are a uniform N-subset for every N at once.
                 noise = torch.rand(len(n), mc_samples, L, generator=gen, device=dev, dtype=dt)
                 noise = noise.masked_fill(~visible[:, None, :], 2.0)
-                rrank = noise.argsort(-1).argsort(-1)
+                rrank = torch.empty_like(order[:, None, :].expand(-1, mc_samples, -1))
+                rrank.scatter_(-1, noise.argsort(-1), pos.expand_as(rrank))  # rank of each key in the permutation
                 mmember = rrank[:, :, None, :] < nt[None, None, :, None]  # (C, K, G, L)
                 ms = (a[:, None, None, :] * mmember) @ xp
                 mdist = _distances_to(a, xp, xn2, ms)

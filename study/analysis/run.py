@@ -80,7 +80,7 @@ def _prefix_means(stat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
 def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = None,
             ns: Sequence[int] = PAPER_NS, n_fixed: int = 5, critical_ns: Sequence[int] | None = None,
             separability_ns: Sequence[int] | None = None, temperatures: Sequence[float] | None = None,
-            epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 8,
+            epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 4,
             alphas: Sequence[float] = (0.01, 0.05), spectral_rows: int = 32, seed: int = 0,
             dtype: torch.dtype = torch.float32) -> dict:
     """Capture the model's attention on `input_ids` (B, L) and run Algorithms 1-5 and Lemma 1.

@@ -1,0 +1,408 @@
+"""The paper's analyses (Algorithms 1-5), vectorised over batch, heads, query rows and every N.
+
+Conventions (shared by every function here):
+- `weights` is (..., L, L): causal attention rows, row t sees keys 0..t (visible count n_t = t + 1) and is
+  zero above the diagonal. `logits` is the same shape, unmasked (the mask is applied here).
+- `x` is (..., L, D), broadcastable to the leading dims of `weights`: the vectors x_i the theorems talk
+  about (per-head values by default; hidden states broadcast over heads as an option).
+- Per-row outputs are (..., L, G) for a grid of G values of N, NaN where the statistic is undefined
+  (N > n_t, or no key outside the top N where one is needed).
+- Everything is computed from ONE descending sort per row: the rank of each key gives membership of the
+  top-N set for every N at once, and |alpha_i x_i - s|^2 = |alpha_i x_i|^2 - 2 alpha_i x_i.s + |s|^2 turns the
+  per-key distances into a matrix product (no (rows, L, D) tensor is ever formed).
+- Rows are processed in chunks sized by `budget` (elements per temporary) so L = 1024 with 12 heads stays
+  well under 2 GB.
+
+Reconstructed formulas (the paper's display equations were lost; see shared/paper.md) are named
+`(recon)` below and in the result dictionaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+DISTANCE_READINGS = ("sum_outside", "norm_of_sum")
+DEFAULT_BUDGET = 1 << 23  # elements per chunk temporary (32 MB in fp32)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def check_ns(ns: Sequence[int], length: int) -> list[int]:
+    """Validate a grid of N (top-N sizes) against the row length; returns sorted unique ints."""
+    if length < 1:
+        raise ValueError(f"empty rows: sequence length must be >= 1, got {length}")
+    ns = [int(n) for n in ns]
+    if not ns:
+        raise ValueError("ns is empty: give at least one N")
+    for n in ns:
+        if n < 1:
+            raise ValueError(f"N must be >= 1, got N={n}")
+        if n > length:
+            raise ValueError(f"N={n} exceeds the sequence length L={length}")
+    return sorted(set(ns))
+
+
+def check_temperatures(temperatures: Sequence[float]) -> list[float]:
+    temperatures = [float(t) for t in temperatures]
+    if not temperatures:
+        raise ValueError("temperatures is empty")
+    for t in temperatures:
+        if not (t > 0 and math.isfinite(t)):
+            raise ValueError(f"temperature must be finite and > 0, got T={t}")
+    return temperatures
+
+
+def _flatten(weights: torch.Tensor, x: torch.Tensor | None = None):
+    """(..., L, L) and (..., L, D) -> (P, L, L), (P, L, D) with x broadcast over the leading dims."""
+    if weights.ndim < 2 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be (..., L, L), got shape {tuple(weights.shape)}")
+    length = weights.shape[-1]
+    if length == 0:
+        raise ValueError("empty rows: L = 0")
+    lead = weights.shape[:-2]
+    w = weights.reshape(-1, length, length)
+    if x is None:
+        return lead, w, None
+    if x.shape[-2] != length:
+        raise ValueError(f"x has {x.shape[-2]} positions but weights have L={length}")
+    xs = x.expand(*lead, length, x.shape[-1]).reshape(-1, length, x.shape[-1])
+    return lead, w, xs
+
+
+def _chunk(length: int, width: int, budget: int) -> int:
+    return max(1, min(length, budget // max(1, length * width)))
+
+
+def _descending_ranks(a: torch.Tensor, visible: torch.Tensor):
+    """One stable descending sort per row; invisible keys sort last. Returns (order, rank)."""
+    key = a.masked_fill(~visible, -math.inf)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(a.shape[-1], device=a.device).expand_as(order))
+    return order, rank
+
+
+def _distances_to(a: torch.Tensor, x: torch.Tensor, xn2: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """|alpha_i x_i - s_g| for rows a (C, L), vectors x (L, D), centres s (C, ..., D) -> (C, ..., L)."""
+    dots = s @ x.T  # x_i . s
+    shape = (a.shape[0],) + (1,) * (s.ndim - 2) + (a.shape[1],)
+    a = a.reshape(shape)
+    sq = (a * a) * xn2 - 2 * a * dots + (s * s).sum(-1, keepdim=True)
+    return sq.clamp_min(0).sqrt()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Theorem 1: distance between the full and the top-N context vector (Algorithms 1-3)
+
+
+@torch.no_grad()
+def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *, mc_samples: int = 0,
+                   seed: int = 0, bound: bool = True, budget: int = DEFAULT_BUDGET) -> dict:
+    """Theorem 1 per row and per N: true distance (both readings), bound, expectation, Monte Carlo.
+
+    Returns a dict of (..., L, G) tensors:
+      d_sum_outside  sum_{i not in I_N} |alpha_i x_i - s|                       (recon, main reading)
+      d_norm_of_sum  |sum_{i not in I_N} (alpha_i x_i - s)|                      (recon, alternative)
+      bound          (1 - A_N) d1 + ((n - N) A_N - (1 - A_N)) max_{j in I_N} |x_j|  (recon)
+      expectation    ((n-N)/n) sum_i |alpha_i x_i - (N/(n-1)) sum_{j != i} alpha_j x_j|  (recon, closed form)
+      mc_expectation mean of d_sum_outside over `mc_samples` uniformly random I_N (if mc_samples > 0)
+      top_mass (A_N), d1, max_top_norm
+    plus "ns" (the grid) and "valid" (n_t >= N). n is the row's visible count.
+    """
+    lead, w, xs = _flatten(weights, x)
+    P, L, _ = w.shape
+    ns = check_ns(ns, L)
+    G = len(ns)
+    dev, dt = w.device, w.dtype
+    nt = torch.tensor(ns, device=dev)
+    names = ["d_sum_outside", "d_norm_of_sum", "expectation", "top_mass"]
+    if bound:
+        names += ["bound", "d1", "max_top_norm"]
+    if mc_samples > 0:
+        names.append("mc_expectation")
+    out = {k: torch.full((P, L, G), math.nan, dtype=dt, device=dev) for k in names}
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    width = max(G * (max(mc_samples, 1) + 2), xs.shape[-1], max(ns) if bound else 1)
+    C = _chunk(L, width, budget)
+    pos = torch.arange(L, device=dev)
+    for p in range(P):
+        xp = xs[p]
+        xn2 = (xp * xp).sum(-1)
+        xnorm = xn2.sqrt()
+        pair = torch.cdist(xp, xp, compute_mode="donot_use_mm_for_euclid_dist") if bound else None
+        for t0 in range(0, L, C):
+            t1 = min(L, t0 + C)
+            a = w[p, t0:t1]
+            n = pos[t0:t1] + 1  # visible count of each row
+            visible = pos[None, :] < n[:, None]
+            a = a.masked_fill(~visible, 0.0)
+            order, rank = _descending_ranks(a, visible)
+            member = rank[:, None, :] < nt[None, :, None]  # (C, G, L): i in I_N
+            aw = a[:, None, :] * member
+            s = aw @ xp  # (C, G, D) top-N context vectors
+            dist = _distances_to(a, xp, xn2, s)
+            outside = visible[:, None, :] & ~member
+            d_out = (dist * outside).sum(-1)
+            total = a @ xp  # full context vector (C, D)
+            n_f = n.to(dt)[:, None]
+            n_out = (n_f - nt[None, :].to(dt))
+            d_in = (total[:, None, :] - s - n_out[..., None] * s).norm(dim=-1)
+            A = aw.sum(-1)
+            valid = n[:, None] >= nt[None, :]
+
+            # Closed-form expectation over a uniformly random I_N (recon): with c = N/(n-1),
+            # alpha_i x_i - c sum_{j != i} alpha_j x_j = (1 + c) alpha_i x_i - c * total.
+            c = nt[None, :].to(dt) / (n_f - 1).clamp_min(1)
+            xt = total @ xp.T  # (C, L): x_i . total
+            sq = ((1 + c)[..., None] ** 2) * (a * a * xn2)[:, None, :] \
+                - 2 * (c * (1 + c))[..., None] * (a * xt)[:, None, :] \
+                + (c ** 2)[..., None] * (total * total).sum(-1)[:, None, None]
+            e_terms = (sq.clamp_min(0).sqrt() * visible[:, None, :]).sum(-1)
+            expectation = n_out / n_f * e_terms
+
+            res = {"d_sum_outside": d_out, "d_norm_of_sum": d_in, "expectation": expectation, "top_mass": A}
+            if bound:
+                # max_{j in I_N} |x_j|: running max of the norms in rank order.
+                max_top = torch.cummax(xnorm[order], dim=-1).values.gather(
+                    1, (nt - 1)[None, :].expand(len(n), G))
+                d1 = torch.zeros_like(A)
+                for g, N in enumerate(ns):
+                    if N == L:
+                        continue
+                    # Whole rows of the pairwise matrix for the top-N keys (a fast row gather), then a max
+                    # over the visible keys outside I_N.
+                    q = pair[order[:, :N]]  # (C, N, L)
+                    q = q.masked_fill(~outside[:, g, None, :], -math.inf)
+                    d1[:, g] = q.amax(dim=(1, 2)).clamp_min(0)  # no key outside I_N: d1 = 0 (bound = 0)
+                res["bound"] = (1 - A) * d1 + (n_out * A - (1 - A)) * max_top
+                res["d1"] = d1
+                res["max_top_norm"] = max_top
+            if mc_samples > 0:
+                # Uniform random subsets: a random permutation of the visible keys per (row, sample); its
+                # first N keys are a uniform N-subset for every N at once.
+                noise = torch.rand(len(n), mc_samples, L, generator=gen, device=dev, dtype=dt)
+                noise = noise.masked_fill(~visible[:, None, :], 2.0)
+                rrank = torch.empty_like(order[:, None, :].expand(-1, mc_samples, -1))
+                rrank.scatter_(-1, noise.argsort(-1), pos.expand_as(rrank))  # rank of each key in the permutation
+                mmember = rrank[:, :, None, :] < nt[None, None, :, None]  # (C, K, G, L)
+                ms = (a[:, None, None, :] * mmember) @ xp
+                mdist = _distances_to(a, xp, xn2, ms)
+                mout = visible[:, None, None, :] & ~mmember
+                res["mc_expectation"] = (mdist * mout).sum(-1).mean(1)
+            for k, v in res.items():
+                out[k][p, t0:t1] = torch.where(valid, v, math.nan)
+    result = {k: v.reshape(*lead, L, G) for k, v in out.items()}
+    result["ns"] = ns
+    result["valid"] = (pos[:, None] + 1 >= nt[None, :]).expand(*lead, L, G)
+    return result
+
+
+def critical_n(d_heads: torch.Tensor, e_heads: torch.Tensor, ns: Sequence[int],
+               alphas: Sequence[float] = (0.01, 0.05)) -> dict:
+    """Algorithm 3: the first N whose per-head distances d and expectations E are KS-indistinguishable.
+
+    d_heads, e_heads: (G, heads) token-averaged d and E per head (NaN heads are dropped). For each N in
+    increasing order a two-sample KS test (scipy.stats.ks_2samp) compares the two samples over heads;
+    N* = first N with p >= alpha. Returns p-values per N and N* per alpha (None if never reached).
+    """
+    from scipy.stats import ks_2samp
+
+    ns = [int(n) for n in ns]
+    if d_heads.shape != e_heads.shape or d_heads.shape[0] != len(ns):
+        raise ValueError(f"d_heads {tuple(d_heads.shape)} and e_heads {tuple(e_heads.shape)} must be (len(ns), heads)")
+    pvalues, stats = [], []
+    for g in range(len(ns)):
+        d = d_heads[g][~torch.isnan(d_heads[g])].double().cpu().numpy()
+        e = e_heads[g][~torch.isnan(e_heads[g])].double().cpu().numpy()
+        if len(d) == 0 or len(e) == 0:
+            pvalues.append(None)
+            stats.append(None)
+            continue
+        test = ks_2samp(d, e)
+        pvalues.append(float(test.pvalue))
+        stats.append(float(test.statistic))
+    star = {}
+    for alpha in alphas:
+        hit = [n for n, p in zip(ns, pvalues) if p is not None and p >= alpha]
+        star[str(alpha)] = hit[0] if hit else None
+    return {"ns": ns, "pvalues": pvalues, "ks_statistics": stats, "n_star": star, "alphas": list(alphas)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Theorem 2: geometric separability (Algorithm 4)
+
+
+def sphere_radius(x: torch.Tensor) -> torch.Tensor:
+    """M: the mean norm of the vectors over positions, per leading index (..., 1, 1)."""
+    return x.norm(dim=-1, keepdim=True).mean(dim=-2, keepdim=True)
+
+
+@torch.no_grad()
+def separability_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
+                       budget: int = DEFAULT_BUDGET) -> dict:
+    """Theorem 2 per row and per N on vectors normalised onto a sphere of radius M (M = mean norm per head).
+
+    For a row: s = sum_{i in I_N} alpha_i x_i; r = min_{i not in I_N} |s - alpha_i x_i|;
+    N_s = #{i in I_N : |s - alpha_i x_i| < r}; delta = min pairwise distance among the visible x.
+    Bounds (recon): xi_i^2 = M^2 (sum_{j != i} alpha_j)^2 - (delta^2/2) sum_{j != k; j,k != i} alpha_j alpha_k
+    (sums over I_N), clamped at 0; lower = 1 - sum_{I_N} xi_i / (N r);
+    upper = (1/N) sum_{I_N} exp(-(xi_i - r)_+^2 / (2 M^2)).
+    Returns (..., L, G) tensors ratio (N_s/N), n_s, lower, upper, r, delta, xi_clamped (some xi^2 < 0 was
+    clamped: the bound's assumption fails there), plus "radius" (..., ) and "valid" (n_t > N: a key outside
+    I_N exists).
+    """
+    lead, w, xs = _flatten(weights, x)
+    P, L, _ = w.shape
+    ns = check_ns(ns, L)
+    G = len(ns)
+    dev, dt = w.device, w.dtype
+    nt = torch.tensor(ns, device=dev)
+    names = ["ratio", "n_s", "lower", "upper", "r", "delta", "xi_clamped"]
+    out = {k: torch.full((P, L, G), math.nan, dtype=dt, device=dev) for k in names}
+    radii = torch.empty(P, dtype=dt, device=dev)
+    C = _chunk(L, max(3 * G, xs.shape[-1]), budget)
+    pos = torch.arange(L, device=dev)
+    for p in range(P):
+        raw = xs[p]
+        M = raw.norm(dim=-1).mean()
+        radii[p] = M
+        xp = M * raw / raw.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
+        xn2 = (xp * xp).sum(-1)
+        # delta_t = min pairwise distance among keys 0..t: column minima of the strict upper triangle, then
+        # a running minimum over t.
+        pair = torch.cdist(xp, xp, compute_mode="donot_use_mm_for_euclid_dist")
+        pair = pair.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=dev).triu(1), math.inf)
+        delta_rows = torch.cummin(pair.amin(dim=0), dim=0).values  # (L,), inf for t = 0
+        for t0 in range(0, L, C):
+            t1 = min(L, t0 + C)
+            n = pos[t0:t1] + 1
+            visible = pos[None, :] < n[:, None]
+            a = w[p, t0:t1].masked_fill(~visible, 0.0)
+            _, rank = _descending_ranks(a, visible)
+            member = rank[:, None, :] < nt[None, :, None]
+            aw = a[:, None, :] * member
+            s = aw @ xp
+            dist = _distances_to(a, xp, xn2, s)  # (C, G, L)
+            outside = visible[:, None, :] & ~member
+            r = dist.masked_fill(~outside, math.inf).amin(-1)  # (C, G)
+            n_s = ((dist < r[..., None]) & member).sum(-1).to(dt)
+            ratio = n_s / nt[None, :].to(dt)
+
+            delta = delta_rows[t0:t1][:, None]
+            A = aw.sum(-1, keepdim=True)
+            Q = (aw * aw).sum(-1, keepdim=True)
+            rest = A - a[:, None, :]  # sum_{j in I_N, j != i} alpha_j
+            pairs = rest * rest - (Q - (a * a)[:, None, :])  # sum_{j != k; j,k in I_N \ {i}} alpha_j alpha_k
+            xi2 = M * M * rest * rest - 0.5 * (delta[..., None] ** 2) * pairs
+            clamped = ((xi2 < 0) & member).any(-1).to(dt)
+            xi = xi2.clamp_min(0).sqrt() * member
+            N_f = nt[None, :].to(dt)
+            lower = 1 - xi.sum(-1) / (N_f * r)
+            gap = (xi - r[..., None]).clamp_min(0)
+            upper = (torch.exp(-gap * gap / (2 * M * M)) * member).sum(-1) / N_f
+
+            valid = n[:, None] > nt[None, :]
+            res = {"ratio": ratio, "n_s": n_s, "lower": lower, "upper": upper, "r": r,
+                   "delta": delta.expand_as(r), "xi_clamped": clamped}
+            for k, v in res.items():
+                out[k][p, t0:t1] = torch.where(valid, v, math.nan)
+    result = {k: v.reshape(*lead, L, G) for k, v in out.items()}
+    result["radius"] = radii.reshape(lead)
+    result["ns"] = ns
+    result["valid"] = (pos[:, None] + 1 > nt[None, :]).expand(*lead, L, G)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Corollary 3: gradient sensitivity (Algorithm 5)
+
+
+def _causal_softmax(logits: torch.Tensor, visible: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Scale first, then mask with the dtype's min (not -inf): no NaN, no overflow at T < 1.
+    z = (logits / temperature).masked_fill(~visible, torch.finfo(logits.dtype).min)
+    return torch.softmax(z, dim=-1).masked_fill(~visible, 0.0)
+
+
+@torch.no_grad()
+def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
+                         epsilons: Sequence[float] = (1e-3, 1e-1, 10.0), *, seed: int = 0,
+                         dtype: torch.dtype = torch.float64) -> dict:
+    """Algorithm 5: g(T, eps) = |softmax((l + eps v)/T) - softmax(l/T)|_2 / eps per causal row.
+
+    v is a random unit vector over each row's visible keys (seeded). Computed in float64 by default
+    because the differences are tiny at small eps. Returns "g" (..., L, nT, nE), "temperatures", "epsilons".
+    """
+    temperatures = check_temperatures(temperatures)
+    epsilons = [float(e) for e in epsilons]
+    for e in epsilons:
+        if not e > 0:
+            raise ValueError(f"epsilon must be > 0, got eps={e}")
+    lead, w, _ = _flatten(logits)
+    P, L, _ = w.shape
+    gen = torch.Generator(device=w.device).manual_seed(seed)
+    visible = torch.ones(L, L, dtype=torch.bool, device=w.device).tril()
+    g = torch.empty(P, L, len(temperatures), len(epsilons), dtype=dtype, device=w.device)
+    for p in range(P):
+        lp = w[p].to(dtype)
+        v = torch.randn(L, L, generator=gen, device=w.device, dtype=dtype).masked_fill(~visible, 0.0)
+        v = v / v.norm(dim=-1, keepdim=True)
+        for i, T in enumerate(temperatures):
+            a = _causal_softmax(lp, visible, T)
+            for j, eps in enumerate(epsilons):
+                b = _causal_softmax(lp + eps * v, visible, T)
+                g[p, :, i, j] = (b - a).norm(dim=-1) / eps
+    return {"g": g.reshape(*lead, L, len(temperatures), len(epsilons)),
+            "temperatures": temperatures, "epsilons": epsilons}
+
+
+@torch.no_grad()
+def softmax_jacobian_norm(probs: torch.Tensor, temperature: float = 1.0, iterations: int = 80) -> torch.Tensor:
+    """Exact spectral norm of (1/T)(diag(a) - a a^T) for rows a (..., L) (zeros allowed), in float64.
+
+    diag(a) - a a^T is a rank-one downdate of a diagonal matrix: its largest eigenvalue is the root of the
+    secular equation 1 = sum_i a_i^2 / (a_i - lambda) in [a_(2), a_(1)] (the two largest weights), where the
+    left side is monotone. Bisection finds it to machine precision with O(L) work per step instead of
+    eigvalsh's O(L^3); the tests check it against torch.linalg.eigvalsh.
+    """
+    (temperature,) = check_temperatures([temperature])
+    a = probs.to(torch.float64)
+    top2 = a.topk(min(2, a.shape[-1]), dim=-1).values
+    hi = top2[..., 0].clone()
+    lo = top2[..., 1].clone() if a.shape[-1] > 1 else torch.zeros_like(hi)
+    tied = (hi - lo) <= 0
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        f = 1 - (a * a / (a - mid[..., None])).sum(-1)
+        f = torch.where(tied, torch.zeros_like(f), f)
+        # f decreases on (a_(2), a_(1)): f > 0 means the root lies to the right.
+        lo = torch.where(f > 0, mid, lo)
+        hi = torch.where(f > 0, hi, mid)
+    lam = torch.where(tied, top2[..., 0], 0.5 * (lo + hi))
+    return lam / temperature
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Lemma 1: dilution
+
+
+@torch.no_grad()
+def dilution_stats(weights: torch.Tensor) -> dict:
+    """Lemma 1 per causal row: max weight, and n * min / n * max weight over the n visible keys.
+
+    A length-independent normaliser keeps C1 <= n alpha_i <= C2; the max weight then decays like 1/n.
+    Returns (..., L) tensors max_weight, scaled_min, scaled_max, and "visible" (n per row).
+    """
+    lead, w, _ = _flatten(weights)
+    L = w.shape[-1]
+    pos = torch.arange(L, device=w.device)
+    visible = pos[None, :] <= pos[:, None]
+    n = (pos + 1).to(w.dtype)[:, None]
+    wmax = w.masked_fill(~visible, -math.inf).amax(-1)
+    wmin = w.masked_fill(~visible, math.inf).amin(-1)
+    return {"max_weight": wmax.reshape(*lead, L), "scaled_min": (n[:, 0] * wmin).reshape(*lead, L),
+            "scaled_max": (n[:, 0] * wmax).reshape(*lead, L), "visible": (pos + 1).tolist()}

@@ -1,0 +1,470 @@
+"""Run the paper's five analyses on a causal LM and write results, a per-head CSV, figures and a verdict table.
+
+Protocol (after the paper, arXiv 2508.17821, on a frozen model):
+- Alg. 1: N fixed (5) over a grid of lengths L: per head, token-averaged d, bound, E over a text prefix of
+  length L. The model is causal, so the capture of a prefix equals the first L positions of the full capture
+  (tested): the text is run once at the longest length and sliced.
+- Alg. 2: L fixed (the longest), N in {1, 5, 10, 20, 100} (those <= L).
+- Alg. 3: per L, per N on a grid: two-sample KS test between per-head d and per-head E over ALL heads of all
+  layers; N* = first N with p >= alpha (alpha 0.01 as in the text, 0.05 as in the pseudocode).
+- Alg. 4: separability N_s/N and both bounds per N at the longest L, per head.
+- Alg. 5: g(T, eps) over a log grid of T, token-averaged, max over heads; exact Jacobian spectral norm on a
+  subsample of rows, beside min(1/(4T), sqrt(2)) and 1/(2T).
+- Lemma 1: max weight and n * min/max weight at visible count n = each L of the grid.
+Token averages use only rows where the statistic is defined (visible count >= N; > N for separability).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import algorithms as A
+from . import reference as R
+from .capture import capture_attention, context_length
+
+PAPER_NS = (1, 5, 10, 20, 100)
+PAPER_EPSILONS = (1e-3, 1e-1, 10.0)
+
+
+def default_lengths(max_length: int) -> list[int]:
+    """Powers of two from 32 up to max_length, plus max_length (the paper: 32 ... 1024)."""
+    out = [2**k for k in range(5, 11) if 2**k < max_length]
+    return sorted(set(out + [max_length]))
+
+
+def default_critical_ns(max_length: int, points: int = 40) -> list[int]:
+    """Every N up to 16, then a geometric grid up to max_length: the resolution of N*."""
+    geo = np.unique(np.round(np.geomspace(1, max_length, points)).astype(int)).tolist()
+    return sorted(set(list(range(1, min(16, max_length) + 1)) + geo))
+
+
+def default_temperatures() -> list[float]:
+    return np.round(np.logspace(-3, 1, 17), 8).tolist()
+
+
+def _plain(value):
+    """Tensors / arrays / floats -> nested Python lists with NaN and inf as None (strict JSON)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().double().numpy()
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value] if value.ndim else _plain(value.item())
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _prefix_means(stat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """Per head mean over batch and rows t < L of a (B, H, L, G) statistic (NaN = undefined) -> (nL, G, H)."""
+    valid = ~torch.isnan(stat)
+    total = torch.nan_to_num(stat).double().sum(0).cumsum(1)  # (H, L, G)
+    count = valid.double().sum(0).cumsum(1)
+    idx = torch.tensor([n - 1 for n in lengths])
+    return (total[:, idx] / count[:, idx]).permute(1, 2, 0)  # NaN where nothing was defined
+
+
+@torch.no_grad()
+def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = None,
+            ns: Sequence[int] = PAPER_NS, n_fixed: int = 5, critical_ns: Sequence[int] | None = None,
+            separability_ns: Sequence[int] | None = None, temperatures: Sequence[float] | None = None,
+            epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 4,
+            alphas: Sequence[float] = (0.01, 0.05), spectral_rows: int = 32, seed: int = 0,
+            dtype: torch.dtype = torch.float32) -> dict:
+    """Capture the model's attention on `input_ids` (B, L) and run Algorithms 1-5 and Lemma 1.
+
+    Returns plain Python (JSON-serialisable) results: every per-head number, the aggregates, and the
+    choices made (vectors, distance reading, alpha values, reconstructions). The longest length is
+    input_ids.shape[1]; `lengths` must lie in [1, that].
+    """
+    if vectors not in ("value", "hidden"):
+        raise ValueError(f"vectors must be 'value' or 'hidden', got {vectors!r}")
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.ndim == 1:
+        input_ids = input_ids[None]
+    if input_ids.ndim != 2 or input_ids.numel() == 0:
+        raise ValueError(f"empty text: input_ids must be (B, L) with L >= 1, got shape {tuple(input_ids.shape)}")
+    max_len = input_ids.shape[1]
+    limit = context_length(model)
+    lengths = sorted(set(int(n) for n in (lengths or default_lengths(max_len))))
+    for n in lengths + [max_len]:
+        if limit is not None and n > limit:
+            raise ValueError(f"L={n} exceeds the model's context {limit}")
+        if n < 1 or n > max_len:
+            raise ValueError(f"L={n} is outside the text length 1..{max_len}")
+    max_len = max(lengths)
+    input_ids = input_ids[:, :max_len]
+    if n_fixed > max_len:
+        raise ValueError(f"N={n_fixed} exceeds L={max_len}")
+    for n in ns:
+        if n < 1:
+            raise ValueError(f"N must be >= 1, got N={n}")
+    ns_fixed_l = sorted({int(n) for n in ns if n <= max_len})  # Alg. 2: {1, 5, 10, 20, 100} filtered to <= L
+    dist_ns = sorted(set(ns_fixed_l) | {int(n_fixed)})
+    crit_ns = A.check_ns(critical_ns or default_critical_ns(max_len), max_len)
+    sep_ns = separability_ns or [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < max_len]
+    sep_ns = A.check_ns(sep_ns, max_len)
+    temperatures = A.check_temperatures(temperatures or default_temperatures())
+    epsilons = [float(e) for e in epsilons]
+
+    started = time.perf_counter()
+    cap = capture_attention(model, input_ids, hidden_states=(vectors == "hidden"))
+    n_layers, n_heads = cap.n_layers, cap.n_heads
+    gi = dist_ns.index(n_fixed)
+    alg1 = {k: [] for k in ("d_sum_outside", "d_norm_of_sum", "bound", "expectation", "mc_expectation")}
+    alg2 = {k: [] for k in alg1}
+    crit_d, crit_e = [], []
+    alg4 = {k: [] for k in ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")}
+    g_heads, spec_mean, spec_max = [], [], []
+    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max")}
+    spectral_idx = torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long())
+    for layer in range(n_layers):
+        w = cap.weights(layer, dtype=dtype)
+        x = cap.vectors(layer, vectors, dtype=dtype)
+        d = A.distance_stats(w, x, dist_ns, mc_samples=mc_samples, seed=seed + layer)
+        for k in alg1:
+            if k == "mc_expectation" and mc_samples == 0:
+                continue
+            pm = _prefix_means(d[k], lengths)  # (nL, G, H)
+            alg1[k].append(pm[:, gi])  # (nL, H)
+            alg2[k].append(pm[-1, [dist_ns.index(n) for n in ns_fixed_l]])  # (len(ns), H)
+        c = A.distance_stats(w, x, crit_ns, bound=False)
+        crit_d.append(_prefix_means(c["d_sum_outside"], lengths))
+        crit_e.append(_prefix_means(c["expectation"], lengths))
+        s = A.separability_stats(w, x, sep_ns)
+        for k in ("ratio", "lower", "upper", "xi_clamped"):
+            alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
+        within = ((s["ratio"] >= s["lower"] - 1e-6) & (s["ratio"] <= s["upper"] + 1e-6)).to(dtype)
+        above = (s["ratio"] >= s["lower"] - 1e-6).to(dtype)
+        alg4["within_bounds"].append(_prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0])
+        alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
+        alg4["radius"].append(s["radius"].mean(0))
+        logits = cap.logits(layer, dtype=dtype)
+        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer)["g"]
+        g_heads.append(g.mean(dim=(0, 2)))  # (H, nT, nE)
+        causal = torch.ones(max_len, max_len, dtype=torch.bool).tril()[spectral_idx]
+        rows = logits[:, :, spectral_idx].double()
+        norms = torch.stack([A.softmax_jacobian_norm(
+            torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in temperatures], -1)
+        spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
+        spec_max.append(norms.amax(dim=(0, 2)))
+        dl = A.dilution_stats(w)
+        for k in dil:
+            dil[k].append(dl[k][:, :, [n - 1 for n in lengths]].double().mean(0))  # (H, nL)
+        del w, x, logits
+
+    # Algorithm 3 over all heads of all layers.
+    crit_d = torch.cat(crit_d, dim=-1)  # (nL, G, layers * heads)
+    crit_e = torch.cat(crit_e, dim=-1)
+    alg3 = []
+    for li, n_len in enumerate(lengths):
+        grid = [n for n in crit_ns if n <= n_len]
+        rows = [crit_ns.index(n) for n in grid]
+        res = A.critical_n(crit_d[li, rows], crit_e[li, rows], grid, alphas)
+        res["length"] = n_len
+        res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
+        alg3.append(res)
+
+    g_all = torch.stack(g_heads)  # (layers, H, nT, nE)
+    g_max = g_all.flatten(0, 1).amax(0)  # (nT, nE): max over heads
+    tt = torch.tensor(temperatures, dtype=torch.float64)
+    spec_max_all = torch.stack(spec_max).flatten(0, 1).amax(0)
+    stack = lambda xs: torch.stack(xs)  # noqa: E731 (layer-major: [layer][...][head])
+    results = {
+        "choices": {
+            "vectors": vectors,
+            "vector_note": "per-head value vectors v_i" if vectors == "value"
+            else "hidden state entering each block (residual stream), shared by the block's heads",
+            "distance_reading": "sum_outside (main); norm_of_sum also reported",
+            "alphas": list(alphas),
+            "n_fixed": n_fixed, "lengths": lengths, "ns": ns_fixed_l, "critical_ns": crit_ns,
+            "separability_ns": sep_ns, "temperatures": temperatures, "epsilons": epsilons,
+            "mc_samples": mc_samples, "seed": seed, "dtype": str(dtype), "spectral_rows": spectral_idx.tolist(),
+            "sphere_radius": "M = mean norm of the head's vectors over positions (per batch item and head)",
+            "token_average": "rows where the statistic is defined (visible >= N; > N for separability), batch pooled",
+            "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
+            "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
+                                "Theorem 2 xi, lower and upper bounds"],
+        },
+        "model": {**cap.meta, "layers": n_layers, "heads": n_heads, "batch": int(input_ids.shape[0]),
+                  "max_length": max_len, "context": limit},
+        # Per head arrays are indexed [layer][length or N][head].
+        "alg1_distance_vs_length": {k: _plain(stack(v)) for k, v in alg1.items() if v},
+        "alg2_distance_vs_n": {k: _plain(stack(v)) for k, v in alg2.items() if v},
+        "alg3_critical_n": _plain(alg3),
+        "alg4_separability": {k: _plain(stack(v)) for k, v in alg4.items()},
+        "alg5_gradient": {
+            "g_per_head": _plain(g_all),  # [layer][head][T][eps]
+            "g_max_over_heads": _plain(g_max),  # [T][eps]
+            "spectral_mean_per_head": _plain(torch.stack(spec_mean)),  # [layer][head][T]
+            "spectral_max_over_heads": _plain(spec_max_all),
+            "bound_min_quarter_over_t_sqrt2": _plain(torch.clamp(0.25 / tt, max=math.sqrt(2))),
+            "half_over_t": _plain(0.5 / tt),
+        },
+        "lemma1_dilution": {k: _plain(stack(v)) for k, v in dil.items()},  # [layer][head][length]
+        "seconds": time.perf_counter() - started,
+    }
+    results["claims"] = compare_with_paper(results)
+    return results
+
+
+def _median_over_heads(per_layer: list, index: int) -> float | None:
+    vals = [v for layer in per_layer for v in layer[index] if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def compare_with_paper(results: dict) -> list[dict]:
+    """The paper's quantitative claims beside our measurement, with the rule that decided the verdict."""
+    claims = []
+    ch = results["choices"]
+    last = results["alg3_critical_n"][-1]
+    for alpha in ch["alphas"]:
+        frac = last["n_star_over_length"][str(alpha)]
+        verdict = "not reached" if frac is None else ("consistent" if 0.03 <= frac <= 0.12 else "inconsistent")
+        claims.append({"claim": f"N* ~ 0.06 L (KS alpha={alpha}, L={last['length']})",
+                       "measured": None if frac is None else f"N*={last['n_star'][str(alpha)]}, N*/L={frac:.3f}",
+                       "rule": "consistent if 0.03 <= N*/L <= 0.12 (within 2x of 0.06)", "verdict": verdict})
+    sep = results["alg4_separability"]["ratio"]
+    meds = {n: _median_over_heads(sep, i) for i, n in enumerate(ch["separability_ns"]) if n >= 16}
+    meds = {n: m for n, m in meds.items() if m is not None}
+    if meds:
+        ok = all(0.70 <= m <= 0.85 for m in meds.values())
+        measured = ", ".join(f"N={n}: {m:.2f}" for n, m in meds.items())
+        verdict = "consistent" if ok else "inconsistent"
+    else:
+        measured, verdict = None, "not measured (no N >= 16 below L)"
+    claims.append({"claim": "N_s/N saturates at 0.70-0.85 for N >= 16", "measured": measured,
+                   "rule": "consistent if the median over heads of N_s/N is in [0.70, 0.85] for every N >= 16",
+                   "verdict": verdict})
+    temps = np.array(ch["temperatures"])
+    g = np.array([[np.nan if v is None else v for v in row] for row in results["alg5_gradient"]["g_max_over_heads"]])
+    g_small = g[:, 0]  # smallest eps
+    low = (temps < 0.1) & np.isfinite(g_small) & (g_small > 0)
+    if low.sum() >= 2:
+        slope = float(np.polyfit(np.log(temps[low]), np.log(g_small[low]), 1)[0])
+        verdict = "consistent" if -1.2 <= slope <= -0.8 else "inconsistent"
+        measured = f"slope of log g vs log T = {slope:.2f}"
+    else:
+        verdict, measured = "not measured (fewer than 2 temperatures below 0.1)", None
+    claims.append({"claim": "g follows 1/T for T < 0.1", "measured": measured,
+                   "rule": f"consistent if the log-log slope (eps={ch['epsilons'][0]}, max over heads) is in [-1.2, -0.8]",
+                   "verdict": verdict})
+    high = temps >= 1
+    if low.any() and high.any():
+        drop = float(np.nanmax(g_small[low]) / g_small[high][0])
+        verdict = "consistent" if 30 <= drop <= 300 else "inconsistent"
+        measured = f"max g(T<0.1) / g(T={temps[high][0]:g}) = {drop:.1f}"
+    else:
+        verdict, measured = "not measured (T grid does not span 0.1 and 1)", None
+    claims.append({"claim": "g drops ~100x by T >= 1", "measured": measured,
+                   "rule": "consistent if the drop from the largest g at T < 0.1 to g at the first T >= 1 is 30x-300x",
+                   "verdict": verdict})
+    return claims
+
+
+def _box(ax, data: list, labels: list, title: str, ylabel: str):
+    clean = [[v for v in d if v is not None and math.isfinite(v)] for d in data]
+    ax.boxplot(clean, showfliers=False)
+    ax.set_xticks(range(1, len(labels) + 1), [str(x) for x in labels])
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+
+
+def _heads(per_layer: list, index: int) -> list:
+    return [v for layer in per_layer for v in layer[index]]
+
+
+def write_outputs(results: dict, out_dir) -> dict:
+    """Write results.json, per_head.csv, claims.md and figures (fig2a/2b/2c/3/4 and dilution) to out_dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ch = results["choices"]
+    paths = {"json": out / "results.json", "csv": out / "per_head.csv", "claims": out / "claims.md"}
+    paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False))
+
+    with paths["csv"].open("w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["analysis", "metric", "layer", "head", "L", "N", "T", "eps", "value"])
+        for metric, per_layer in results["alg1_distance_vs_length"].items():
+            for layer, rows in enumerate(per_layer):
+                for li, vals in enumerate(rows):
+                    for head, v in enumerate(vals):
+                        wr.writerow(["alg1", metric, layer, head, ch["lengths"][li], ch["n_fixed"], "", "", v])
+        for metric, per_layer in results["alg2_distance_vs_n"].items():
+            for layer, rows in enumerate(per_layer):
+                for ni, vals in enumerate(rows):
+                    for head, v in enumerate(vals):
+                        wr.writerow(["alg2", metric, layer, head, ch["lengths"][-1], ch["ns"][ni], "", "", v])
+        for metric, per_layer in results["alg4_separability"].items():
+            if metric == "radius":
+                continue
+            for layer, rows in enumerate(per_layer):
+                for ni, vals in enumerate(rows):
+                    for head, v in enumerate(vals):
+                        wr.writerow(["alg4", metric, layer, head, ch["lengths"][-1], ch["separability_ns"][ni],
+                                     "", "", v])
+        for layer, heads in enumerate(results["alg5_gradient"]["g_per_head"]):
+            for head, per_t in enumerate(heads):
+                for ti, per_e in enumerate(per_t):
+                    for ei, v in enumerate(per_e):
+                        wr.writerow(["alg5", "g", layer, head, ch["lengths"][-1], "", ch["temperatures"][ti],
+                                     ch["epsilons"][ei], v])
+        for metric, per_layer in results["lemma1_dilution"].items():
+            for layer, heads in enumerate(per_layer):
+                for head, vals in enumerate(heads):
+                    for li, v in enumerate(vals):
+                        wr.writerow(["lemma1", metric, layer, head, ch["lengths"][li], "", "", "", v])
+
+    lines = ["| claim (paper) | measured | rule | verdict |", "|---|---|---|---|"]
+    for c in results["claims"]:
+        lines.append(f"| {c['claim']} | {c['measured'] or '-'} | {c['rule']} | {c['verdict']} |")
+    lines += ["", f"vectors: {ch['vectors']} ({ch['vector_note']}); distance reading: {ch['distance_reading']}; "
+              f"KS alphas: {ch['alphas']}; reconstructed formulas: {', '.join(ch['reconstructions'])}."]
+    paths["claims"].write_text("\n".join(lines) + "\n")
+
+    a1 = results["alg1_distance_vs_length"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _box(ax, [_heads(a1["d_sum_outside"], i) for i in range(len(ch["lengths"]))], ch["lengths"],
+         f"Fig. 2a: distance d vs L (N={ch['n_fixed']}, box over heads)", "token-averaged d")
+    for key, style in (("bound", "r--"), ("expectation", "g:"), ("mc_expectation", "m-.")):
+        if key in a1:
+            med = [np.nanmedian([np.nan if v is None else v for v in _heads(a1[key], i)])
+                   for i in range(len(ch["lengths"]))]
+            ax.plot(range(1, len(med) + 1), med, style, label=f"median {key}")
+    ax.set_yscale("log")
+    ax.set_xlabel("L")
+    ax.legend()
+    fig.tight_layout()
+    paths["fig2a"] = out / "fig2a_distance_vs_length.png"
+    fig.savefig(paths["fig2a"], dpi=100)
+    plt.close(fig)
+
+    a2 = results["alg2_distance_vs_n"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _box(ax, [_heads(a2["d_sum_outside"], i) for i in range(len(ch["ns"]))], ch["ns"],
+         f"Fig. 2b: distance d vs N (L={ch['lengths'][-1]})", "token-averaged d")
+    ax.set_xlabel("N")
+    fig.tight_layout()
+    paths["fig2b"] = out / "fig2b_distance_vs_n.png"
+    fig.savefig(paths["fig2b"], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for alpha in ch["alphas"]:
+        pts = [(r["length"], r["n_star"][str(alpha)]) for r in results["alg3_critical_n"]
+               if r["n_star"][str(alpha)] is not None]
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=f"N* (KS alpha={alpha})")
+    ls = np.array(ch["lengths"], dtype=float)
+    ax.plot(ls, 0.06 * ls, "k--", label="paper: 0.06 L")
+    ax.set_xlabel("L")
+    ax.set_ylabel("critical N*")
+    ax.set_title("Fig. 2c: critical N vs L")
+    ax.legend()
+    fig.tight_layout()
+    paths["fig2c"] = out / "fig2c_critical_n.png"
+    fig.savefig(paths["fig2c"], dpi=100)
+    plt.close(fig)
+
+    a4 = results["alg4_separability"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    _box(ax, [_heads(a4["ratio"], i) for i in range(len(ch["separability_ns"]))], ch["separability_ns"],
+         "Fig. 3: geometric separability N_s/N (box over heads)", "N_s / N")
+    for key, style in (("lower", "r--"), ("upper", "g--")):
+        med = [np.nanmedian([np.nan if v is None else v for v in _heads(a4[key], i)])
+               for i in range(len(ch["separability_ns"]))]
+        ax.plot(range(1, len(med) + 1), med, style, label=f"median {key} bound")
+    ax.axhspan(0.70, 0.85, color="grey", alpha=0.2, label="paper: 0.70-0.85")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("N")
+    ax.legend()
+    fig.tight_layout()
+    paths["fig3"] = out / "fig3_separability.png"
+    fig.savefig(paths["fig3"], dpi=100)
+    plt.close(fig)
+
+    a5 = results["alg5_gradient"]
+    temps = np.array(ch["temperatures"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for ei, eps in enumerate(ch["epsilons"]):
+        ax.loglog(temps, [row[ei] for row in a5["g_max_over_heads"]], "o-", label=f"g, eps={eps:g} (max heads)")
+    ax.loglog(temps, a5["spectral_max_over_heads"], "k-", label="spectral norm (max)")
+    ax.loglog(temps, a5["bound_min_quarter_over_t_sqrt2"], "r--", label="min(1/(4T), sqrt 2)")
+    ax.loglog(temps, a5["half_over_t"], "r:", label="1/(2T)")
+    ax.set_xlabel("T")
+    ax.set_ylabel("sensitivity")
+    ax.set_title("Fig. 4: gradient sensitivity vs temperature")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths["fig4"] = out / "fig4_gradient_sensitivity.png"
+    fig.savefig(paths["fig4"], dpi=100)
+    plt.close(fig)
+
+    dl = results["lemma1_dilution"]["max_weight"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    per_len = [[heads[li] for layer in dl for heads in layer] for li in range(len(ch["lengths"]))]
+    _box(ax, per_len, ch["lengths"], "Lemma 1: max attention weight at visible count L", "max weight")
+    ax.plot(range(1, len(ch["lengths"]) + 1), 1 / ls, "k--", label="1/L")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    paths["dilution"] = out / "lemma1_dilution.png"
+    fig.savefig(paths["dilution"], dpi=100)
+    plt.close(fig)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, seed: int = 0,
+                             oracle_rows: int | None = None) -> dict:
+    """Time Theorem 1 (d, both readings, bound, closed-form E) for one causal head: vectorised vs loop.
+
+    The loop oracle (study.analysis.reference) is the paper's per-row, per-token style. With `oracle_rows`
+    the oracle runs on that many evenly spaced rows and its time is scaled to all L rows by their cost
+    (proportional to the visible count); None runs it on every row. Results are checked to agree.
+    """
+    if L < n_top:
+        raise ValueError(f"N={n_top} exceeds L={L}")
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(L, L, generator=gen, dtype=torch.float64) * 2
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    w = torch.softmax(logits.masked_fill(~causal, -math.inf), -1)
+    x = torch.randn(L, dim, generator=gen, dtype=torch.float64)
+    w32, x32 = w.float(), x.float()
+    A.distance_stats(w32[:8, :8], x32[:8], [1])  # warm-up
+    t0 = time.perf_counter()
+    vec = A.distance_stats(w32, x32, [n_top])
+    t_vec = time.perf_counter() - t0
+    rows = range(L) if oracle_rows is None else np.unique(np.linspace(n_top - 1, L - 1, oracle_rows).astype(int))
+    wn, xn = w.numpy(), x.numpy()
+    t0 = time.perf_counter()
+    err = 0.0
+    for t in rows:
+        if t + 1 < n_top:
+            continue
+        ref = R.distance_row(wn[t, : t + 1], xn[: t + 1], n_top)
+        err = max(err, abs(ref["d_sum_outside"] - vec["d_sum_outside"][t, 0].item())
+                  / max(1e-12, abs(ref["d_sum_outside"])))
+    t_loop = time.perf_counter() - t0
+    if oracle_rows is not None:
+        cost = lambda ts: sum(t + 1 for t in ts if t + 1 >= n_top)  # noqa: E731
+        t_loop *= cost(range(L)) / cost(rows)
+    return {"L": L, "dim": dim, "N": n_top, "vectorised_s": t_vec, "loop_s": t_loop,
+            "speedup": t_loop / t_vec, "max_relative_difference_fp32_vs_fp64": err,
+            "oracle_rows": "all" if oracle_rows is None else len(rows)}

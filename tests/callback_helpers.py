@@ -47,16 +47,21 @@ class PlainAttention(L.LightningModule):
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(
             nn.ModuleDict(
-                {"q": nn.Linear(d, d), "k": nn.Linear(d, d), "v": nn.Linear(d, d), "o": nn.Linear(d, d)}
+                {
+                    "q_proj": nn.Linear(d, d),
+                    "k_proj": nn.Linear(d, d),
+                    "v_proj": nn.Linear(d, d),
+                    "o_proj": nn.Linear(d, d),
+                }
             )
             for _ in range(n_layer)
         )
         for block in self.layers:
-            for lin in (block["q"], block["k"]):
+            for lin in (block["q_proj"], block["k_proj"]):
                 nn.init.normal_(lin.weight, std=init_scale / d**0.5)
             if zero_queries:
-                nn.init.zeros_(block["q"].weight)
-                nn.init.zeros_(block["q"].bias)
+                nn.init.zeros_(block["q_proj"].weight)
+                nn.init.zeros_(block["q_proj"].bias)
         self.head = nn.Linear(d, vocab)
         self.taps_seen: list[tuple[int, int]] = []
 
@@ -68,8 +73,14 @@ class PlainAttention(L.LightningModule):
             return t.view(B, L_, self.n_head, D // self.n_head).transpose(1, 2)
 
         for i, block in enumerate(self.layers):
-            out = attend(heads(block["q"](x)), heads(block["k"](x)), heads(block["v"](x)), self.spec, layer=i)
-            x = x + block["o"](out.transpose(1, 2).reshape(B, L_, D))
+            out = attend(
+                heads(block["q_proj"](x)),
+                heads(block["k_proj"](x)),
+                heads(block["v_proj"](x)),
+                self.spec,
+                layer=i,
+            )
+            x = x + block["o_proj"](out.transpose(1, 2).reshape(B, L_, D))
         return self.head(x)
 
     def _loss(self, batch):

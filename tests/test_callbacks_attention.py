@@ -34,14 +34,19 @@ def test_uniform_attention_gpt2(tmp_path):
         for block in module.model.transformer.h:
             block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
             block.attn.c_attn.bias[:32] = 0
-    monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4))]
+    monitors = [
+        AttentionEntropyMonitor(every_n_steps=1),
+        SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4)),
+    ]
     trainer = make_trainer(tmp_path, monitors, max_steps=2)
     trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1))
 
     logged = scalars(tmp_path)
     for prefix in ("", "val/"):
         for layer in (0, 1):
-            assert logged[f"{prefix}attention/normalized_entropy/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-5)
+            assert logged[f"{prefix}attention/normalized_entropy/layer_{layer}"][0][1] == pytest.approx(
+                1.0, abs=1e-5
+            )
             assert logged[f"{prefix}attention/kl_uniform/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-5)
             assert logged[f"{prefix}attention/tv_uniform/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-5)
             assert logged[f"{prefix}attention/entropy/layer_{layer}"][0][1] == pytest.approx(
@@ -52,8 +57,12 @@ def test_uniform_attention_gpt2(tmp_path):
                 (L_SEQ + 1) / 2, rel=1e-5
             )
             top4 = sum(min(4, t + 1) / (t + 1) for t in range(L_SEQ)) / L_SEQ
-            assert logged[f"{prefix}attention/topk_mass_k4/layer_{layer}"][0][1] == pytest.approx(top4, rel=1e-5)
-            assert logged[f"{prefix}attention/selection_tv_k4/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-5)
+            assert logged[f"{prefix}attention/topk_mass_k4/layer_{layer}"][0][1] == pytest.approx(
+                top4, rel=1e-5
+            )
+            assert logged[f"{prefix}attention/selection_tv_k4/layer_{layer}"][0][1] == pytest.approx(
+                0.0, abs=1e-5
+            )
         assert logged[f"{prefix}attention/normalized_entropy/mean"][0][1] == pytest.approx(1.0, abs=1e-5)
     # Training tags at both logged steps (every_n_steps=1), once each; validation once at the end of fit.
     assert [s for s, _ in logged["attention/entropy/layer_0"]] == [0, 1]
@@ -76,14 +85,18 @@ def test_top1_plain_model(tmp_path):
         assert logged[f"val/attention/max_weight/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-6)
         assert logged[f"val/attention/nonzero/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-6)
     # KL to uniform = log n - 0, averaged over rows.
-    assert logged["val/attention/kl_uniform/mean"][0][1] == pytest.approx(causal_uniform_entropy(L_SEQ), rel=1e-5)
+    assert logged["val/attention/kl_uniform/mean"][0][1] == pytest.approx(
+        causal_uniform_entropy(L_SEQ), rel=1e-5
+    )
 
 
 def test_entropy_falls_with_temperature(tmp_path):
     values = []
     for i, temperature in enumerate((4.0, 1.0, 0.25, 0.05)):
         module = PlainAttention(AttentionSpec(temperature=temperature), init_scale=3.0)
-        make_trainer(tmp_path / str(i), [AttentionEntropyMonitor()]).validate(module, token_loader(length=L_SEQ))
+        make_trainer(tmp_path / str(i), [AttentionEntropyMonitor()]).validate(
+            module, token_loader(length=L_SEQ)
+        )
         values.append(scalars(tmp_path / str(i))["val/attention/normalized_entropy/mean"][0][1])
     assert all(a > b for a, b in zip(values, values[1:])), values
     assert values[0] - values[-1] > 0.3, values

@@ -1,0 +1,40 @@
+"""Lightning callbacks that monitor attention and gradients, for any model that uses `study.attention`.
+
+Public API:
+    AttentionEntropyMonitor     row entropy and normalised entropy per layer, histogram over heads
+    SelectionUniformityMonitor  KL/TV to uniform, max weight, effective support, top-k mass and uniformity
+    GradientNormMonitor         gradient norms before/after clipping, per block and kind; attention Jacobian
+    AttentionMapMonitor         heatmaps of a fixed validation sample's attention
+    TensorBoardLayout           custom-scalars charts (all layers in one chart, Jacobian beside 1/(4T))
+    TapMonitor                  the shared base class (tap on logging steps, sum, reduce across ranks, log)
+
+Callbacks never import the model: they see attention through `study.attention.tapping`.
+
+Example::
+
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from study.callbacks import AttentionEntropyMonitor, GradientNormMonitor, TensorBoardLayout
+
+    trainer = L.Trainer(
+        logger=TensorBoardLogger("logs", name="run"),
+        gradient_clip_val=1.0,
+        callbacks=[AttentionEntropyMonitor(every_n_steps=50), GradientNormMonitor(every_n_steps=50), TensorBoardLayout()],
+    )
+"""
+
+from study.callbacks.attention import AttentionEntropyMonitor, AttentionMapMonitor, SelectionUniformityMonitor
+from study.callbacks.base import TapMonitor, reduce_sums
+from study.callbacks.gradients import GradientNormMonitor
+from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
+
+__all__ = [
+    "AttentionEntropyMonitor",
+    "AttentionMapMonitor",
+    "GradientNormMonitor",
+    "SelectionUniformityMonitor",
+    "TapMonitor",
+    "TensorBoardLayout",
+    "custom_scalars_layout",
+    "reduce_sums",
+]

@@ -1,0 +1,250 @@
+"""Attention monitors: row entropy, distance to uniform and selection statistics, attention-map images.
+
+All of them are model-agnostic: they see attention through `study.attention` taps, so they work on any
+transformers model after `apply_attention_spec` and on any model that calls `study.attention.attend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from study.attention import AttentionSpec
+from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, tensorboard_writers
+from study.metrics import finalize, summarize_rows
+
+
+def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
+    """`attention/{name}/layer_{l}` (mean over heads), optional `.../head_{h}`, and `attention/{name}/mean`."""
+    out: dict[str, Tensor] = {}
+    for layer, heads in sorted(per_layer.items()):
+        out[f"attention/{name}/layer_{layer}"] = nanmean(heads)
+        if per_head:
+            for h, value in enumerate(heads):
+                out[f"attention/{name}/layer_{layer}/head_{h}"] = value
+    if per_layer:
+        out[f"attention/{name}/mean"] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
+    return out
+
+
+class AttentionEntropyMonitor(TapMonitor):
+    """Log the row entropy of attention per layer, its normalised value, and a histogram over heads.
+
+    Per head, the mean over rows of H = -sum a log a (nats) and of H / log(n), where n is the number of keys
+    the query may see (1 = uniform over them, 0 = one key; rows with n = 1 are left out of the normalised
+    mean). A layer's value is the mean over its heads; ``mean`` is the mean over all layers and heads.
+
+    Tags (``val/`` prefixed for validation epochs):
+        ``attention/entropy/layer_{l}``, ``attention/entropy/mean``,
+        ``attention/normalized_entropy/layer_{l}``, ``attention/normalized_entropy/mean``,
+        with ``per_head``: ``attention/entropy/layer_{l}/head_{h}`` (and normalized),
+        histogram (TensorBoard, rank 0): ``attention/normalized_entropy/heads`` over every (layer, head).
+
+    Args:
+        every_n_steps: tap and log every this many optimizer steps.
+        validation: also aggregate over each validation epoch and log ``val/...``.
+        per_head: also log one scalar per head.
+        histogram: write the histogram over heads.
+
+    Example::
+
+        from study.callbacks import AttentionEntropyMonitor
+        trainer = L.Trainer(callbacks=[AttentionEntropyMonitor(every_n_steps=100)], logger=TensorBoardLogger("logs"))
+    """
+
+    def __init__(
+        self, every_n_steps: int = 50, validation: bool = True, per_head: bool = False, histogram: bool = True
+    ) -> None:
+        super().__init__(every_n_steps, validation)
+        self.per_head = per_head
+        self.histogram = histogram
+
+    def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+        sums = summarize_rows(weights, allowed, topk=())
+        return {k: sums[k] for k in ("rows", "rows_nondegenerate", "entropy", "normalized_entropy")}
+
+    def _per_head(self, sums: Sums) -> dict[str, dict[int, Tensor]]:
+        means = {layer: finalize(s) for layer, s in sums.items()}
+        return {name: {layer: m[name] for layer, m in means.items()} for name in ("entropy", "normalized_entropy")}
+
+    def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, per_layer in self._per_head(sums).items():
+            out.update(_layer_and_mean(name, per_layer, self.per_head))
+        return out
+
+    def write_rank_zero(self, trainer: L.Trainer, sums: Sums, prefix: str, step: int) -> None:
+        if not self.histogram or not sums:
+            return
+        per_layer = self._per_head(sums)["normalized_entropy"]
+        heads = torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]).cpu()
+        heads = heads[~heads.isnan()]
+        if heads.numel():
+            for writer in tensorboard_writers(trainer):
+                writer.add_histogram(f"{prefix}attention/normalized_entropy/heads", heads, step)
+
+
+class SelectionUniformityMonitor(TapMonitor):
+    """Log how far attention rows are from uniform, how concentrated they are, and how uniform the top-k is.
+
+    Per layer (mean over heads of per-head means over rows) and overall:
+        ``kl_uniform``         KL(a || uniform over the visible keys) = log n - H (0 = uniform);
+        ``tv_uniform``         total variation to that uniform distribution;
+        ``max_weight``         the largest weight of the row;
+        ``effective_support``  exp(H), the number of keys a uniform row with the same entropy covers;
+        ``nonzero``            weights that are not exactly zero (the support of sparse normalisers / top-k);
+        ``topk_mass_k{k}``     weight on the k largest entries, for each k in ``topk``;
+        ``selection_tv_k{k}``  TV between the renormalised top-k weights and uniform over k (0 = the selected
+                               keys are weighted equally: the paper's "selection tends to uniform").
+
+    Tags: ``attention/{statistic}/layer_{l}`` and ``attention/{statistic}/mean`` (``val/`` prefixed for
+    validation epochs; ``.../layer_{l}/head_{h}`` with ``per_head``).
+
+    Not logged: the geometric separability N_s/N of the paper's Theorem 2. It needs each key's value vector
+    x_i and the attention output s = sum a_i x_i, and a tap only sees the weights; measure it offline
+    (`study.analysis`) on a frozen model instead.
+
+    Args:
+        every_n_steps: tap and log every this many optimizer steps.
+        validation: also aggregate over each validation epoch and log ``val/...``.
+        topk: the k of the top-k statistics.
+        per_head: also log one scalar per head.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[SelectionUniformityMonitor(every_n_steps=100, topk=(1, 8))])
+    """
+
+    STATISTICS = ("kl_uniform", "tv_uniform", "max_weight", "effective_support", "nonzero")
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        validation: bool = True,
+        topk: Sequence[int] = (1, 4, 16),
+        per_head: bool = False,
+    ) -> None:
+        super().__init__(every_n_steps, validation)
+        topk = tuple(topk)
+        if not all(isinstance(k, int) and k >= 1 for k in topk):
+            raise ValueError(f"topk must be integers >= 1, got {topk!r}")
+        self.topk = topk
+        self.per_head = per_head
+
+    def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+        sums = summarize_rows(weights, allowed, topk=self.topk)
+        sums.pop("entropy")
+        sums.pop("normalized_entropy")
+        return sums
+
+    def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        means = {layer: finalize(s) for layer, s in sums.items()}
+        names = list(self.STATISTICS)
+        for k in self.topk:
+            names += [f"topk_mass/{k}", f"selection_tv/{k}"]
+        out: dict[str, Tensor] = {}
+        for name in names:
+            tag = name.replace("/", "_k")  # topk_mass/4 -> topk_mass_k4
+            out.update(_layer_and_mean(tag, {layer: m[name] for layer, m in means.items()}, self.per_head))
+        return out
+
+
+class AttentionMapMonitor(TapMonitor):
+    """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
+
+    The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is
+    the same sample every time as long as validation is not shuffled. Images are written at the end of a
+    validation epoch when at least ``every_n_steps`` optimizer steps have passed since the last ones (and at
+    the first validation). Only rank 0 taps; other ranks keep the fast path. Each map is scaled by its
+    maximum (row 0 always holds a weight of 1), so the image shows the pattern, not the row dilution.
+
+    Tags: ``attention_map/layer_{l}/head_{h}`` (TensorBoard images, grey levels, one pixel block per weight).
+
+    Args:
+        every_n_steps: minimum optimizer steps between two sets of images.
+        layers: layer indices to draw; None draws every layer.
+        heads: head indices to draw; None draws every head.
+        sample_index: which sample of the first validation batch.
+        max_tokens: draw only the first this many queries and keys (large maps are unreadable anyway).
+        min_pixels: upscale (nearest) so the image is at least this many pixels wide.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[AttentionMapMonitor(every_n_steps=500, layers=[0, 11], heads=[0, 1])])
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        sample_index: int = 0,
+        max_tokens: int = 128,
+        min_pixels: int = 256,
+    ) -> None:
+        super().__init__(every_n_steps, validation=True)
+        self.layers = None if layers is None else tuple(layers)
+        self.heads = None if heads is None else tuple(heads)
+        self.sample_index = sample_index
+        self.max_tokens = max_tokens
+        self.min_pixels = min_pixels
+        self._maps: dict[int, dict[int, Tensor]] = {}
+
+    def wants_tap(self, trainer: L.Trainer, phase: str, batch_idx: int, dataloader_idx: int = 0) -> bool:
+        due = self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
+        return (
+            phase == VAL
+            and batch_idx == 0
+            and dataloader_idx == 0
+            and trainer.is_global_zero
+            and not trainer.sanity_checking
+            and due
+        )
+
+    def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+        if self._phase != VAL or (self.layers is not None and layer not in self.layers):
+            return
+        if self.sample_index >= weights.shape[0]:
+            return
+        w = weights[self.sample_index, :, : self.max_tokens, : self.max_tokens]
+        heads = range(w.shape[0]) if self.heads is None else [h for h in self.heads if h < w.shape[0]]
+        # A few small maps, once per `every_n_steps`: copying them to the host here is cheap enough.
+        self._maps[layer] = {h: w[h].float().cpu() for h in heads}
+
+    def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        return {}
+
+    def image(self, weights: Tensor) -> Tensor:
+        """(Lq, Lk) weights -> (1, H, W) float image in [0, 1], scaled by its maximum and upscaled."""
+        img = weights / weights.max().clamp(min=torch.finfo(weights.dtype).tiny)
+        scale = max(1, -(-self.min_pixels // max(img.shape)))
+        return F.interpolate(img[None, None], scale_factor=scale, mode="nearest")[0]
+
+    def _log_phase(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str, step: int) -> None:
+        # No reduction: only rank 0 taps, and images are not averaged across processes.
+        maps, self._maps = self._maps, {}
+        if phase != VAL or not maps:
+            return
+        for writer in tensorboard_writers(trainer):
+            for layer, per_head in sorted(maps.items()):
+                for h, w in per_head.items():
+                    writer.add_image(f"attention_map/layer_{layer}/head_{h}", self.image(w), step, dataformats="CHW")
+        self.val_logs += 1
+        self.last_logged_step = step
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._log_phase(trainer, pl_module, VAL, step=trainer.global_step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        pass  # validation only
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        pass
+
+
+__all__ = ["AttentionEntropyMonitor", "AttentionMapMonitor", "SelectionUniformityMonitor"]

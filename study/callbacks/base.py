@@ -1,0 +1,235 @@
+"""`TapMonitor`: the glue every attention monitor shares (when to tap, what to accumulate, how to reduce and log).
+
+A monitor is itself an attention tap (`study.attention.AttentionTap`). It opens the tap only on the steps it
+logs, so on every other step attention keeps its fused fast path and nothing waits on the host:
+
+- training: ``on_train_batch_start`` opens the tap when ``global_step % every_n_steps == 0`` and
+  ``on_train_batch_end`` closes it; once the optimizer step has happened (so gradient accumulation windows
+  are summed, not logged per micro-batch) the sums are reduced across processes and logged at that step;
+- validation: the tap is open for every validation batch, the sums accumulate over the epoch and are logged
+  at ``on_validation_epoch_end`` under the ``val/`` prefix. The sanity check is never measured.
+
+Aggregation is by SUMS (per head: rows, entropy sum, ...), so adding batches, layers and processes is exact and
+one division at the end gives the mean over all rows everywhere. Keys ending in ``_max`` are maxima instead of
+sums. Under DDP the sums are flattened into one tensor and reduced with ``trainer.strategy.reduce`` (one
+all-reduce; one more if there are maxima), every rank computes the same values, and rank 0 alone writes them to
+the loggers, so each tag appears once with the reduced value. Every rank must tap the same layers the same number
+of times per logging window (true for data-parallel training; `DistributedSampler` pads validation to equal
+lengths).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+from study.attention import AttentionSpec, tapping
+
+Sums = dict[int, dict[str, Tensor]]
+
+TRAIN, VAL = "train", "val"
+PREFIX = {TRAIN: "", VAL: "val/"}
+
+
+def _is_max(key: str) -> bool:
+    return key.endswith("_max")
+
+
+def reduce_sums(trainer: L.Trainer, sums: Sums) -> Sums:
+    """Add (or, for ``*_max`` keys, take the maximum of) every rank's sums; the same result on every rank.
+
+    One flat float64 tensor per reduce op, so a logging step costs one or two collectives whatever the
+    number of layers and statistics.
+    """
+    out: Sums = {layer: {} for layer in sums}
+    for op, keep in (("sum", lambda k: not _is_max(k)), ("max", _is_max)):
+        entries = [(layer, key, sums[layer][key]) for layer in sorted(sums) for key in sorted(sums[layer]) if keep(key)]
+        if not entries:
+            continue
+        flat = torch.cat([value.reshape(-1).to(torch.float64) for _, _, value in entries])
+        if trainer.world_size > 1:
+            flat = trainer.strategy.reduce(flat, reduce_op=op)
+        offset = 0
+        for layer, key, value in entries:
+            out[layer][key] = flat[offset : offset + value.numel()].reshape(value.shape)
+            offset += value.numel()
+    return out
+
+
+def write_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
+    """Write already-reduced scalars from rank 0 to every logger (the way `LearningRateMonitor` does).
+
+    Written directly rather than through ``self.log``: Lightning would only forward step metrics every
+    ``log_every_n_steps``, silently dropping a monitor's steps that fall between.
+    """
+    if not metrics or not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def tensorboard_writers(trainer: L.Trainer) -> list[Any]:
+    """The `SummaryWriter` of each logger that has one (TensorBoardLogger), on rank 0 only."""
+    if not trainer.is_global_zero:
+        return []
+    writers = []
+    for logger in trainer.loggers:
+        experiment = getattr(logger, "experiment", None)
+        if experiment is not None and hasattr(experiment, "add_histogram"):
+            writers.append(experiment)
+    return writers
+
+
+class TapMonitor(Callback):
+    """Base class of the attention monitors: tap on logging steps and during validation, sum, reduce, log.
+
+    Subclasses implement `summarize` (one attention call -> per-layer sums) and `compute` (reduced sums ->
+    scalars by tag), and may override `write_rank_zero` (histograms, images) and `wants_tap`.
+
+    Args:
+        every_n_steps: tap and log every this many optimizer steps (step 0 included).
+        validation: also measure validation and log ``val/...`` at the end of each validation epoch.
+    """
+
+    def __init__(self, every_n_steps: int = 50, validation: bool = True) -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        self.every_n_steps = every_n_steps
+        self.validation = validation
+        self._sums: dict[str, Sums] = {TRAIN: {}, VAL: {}}
+        self._stack: ExitStack | None = None
+        self._phase: str | None = None
+        self._window_step: int | None = None
+        # Counters kept across checkpoints (see `state_dict`).
+        self.train_logs = 0
+        self.val_logs = 0
+        self.last_logged_step = -1
+
+    # ----- the tap -----------------------------------------------------------------------------------------
+
+    def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+        if self._phase is None:  # opened by someone else's `tapping(monitor)`: nothing to attribute it to
+            return
+        acc = self._sums[self._phase].setdefault(layer, {})
+        for key, value in self.summarize(layer, weights, allowed, spec).items():
+            if key not in acc:
+                acc[key] = value
+            elif _is_max(key):
+                acc[key] = torch.maximum(acc[key], value)
+            else:
+                acc[key] = acc[key] + value
+
+    def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+        """Sums (or ``*_max`` maxima) of one attention call, as tensors on the weights' device (no host sync)."""
+        raise NotImplementedError
+
+    def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        """Scalars by tag (without the phase prefix) from sums already reduced across processes.
+
+        Runs on every rank (it may itself reduce more tensors, e.g. gradient norms).
+        """
+        raise NotImplementedError
+
+    def write_rank_zero(self, trainer: L.Trainer, sums: Sums, prefix: str, step: int) -> None:
+        """Rank-0-only extras (histograms, images) from the reduced sums. Default: none."""
+
+    def wants_tap(self, trainer: L.Trainer, phase: str, batch_idx: int, dataloader_idx: int = 0) -> bool:
+        if phase == TRAIN:
+            return trainer.global_step % self.every_n_steps == 0
+        return self.validation and not trainer.sanity_checking
+
+    # ----- opening and closing -----------------------------------------------------------------------------
+
+    def _open(self, phase: str) -> None:
+        self._close()
+        self._stack = ExitStack()
+        self._stack.enter_context(tapping(self))
+        self._phase = phase
+
+    def _close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._phase = None, None
+
+    @property
+    def is_tapping(self) -> bool:
+        return self._stack is not None
+
+    # ----- logging -----------------------------------------------------------------------------------------
+
+    def _log_phase(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str, step: int) -> None:
+        sums = reduce_sums(trainer, self._sums[phase])
+        self._sums[phase] = {}
+        prefix = PREFIX[phase]
+        values = self.compute(sums, phase, trainer, pl_module)
+        if not values:
+            return
+        # The one host sync of a logging step: every value comes over together.
+        device = next((v.device for v in values.values() if isinstance(v, Tensor)), torch.device("cpu"))
+        flat = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values.values()])
+        metrics = {prefix + tag: value for tag, value in zip(values, flat.tolist())}
+        write_scalars(trainer, metrics, step)
+        if trainer.is_global_zero:
+            self.write_rank_zero(trainer, sums, prefix, step)
+        if phase == TRAIN:
+            self.train_logs += 1
+        else:
+            self.val_logs += 1
+        self.last_logged_step = step
+
+    # ----- Lightning hooks ---------------------------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.wants_tap(trainer, TRAIN, batch_idx):
+            self._window_step = trainer.global_step
+            self._open(TRAIN)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._phase == TRAIN:
+            self._close()
+        # Log once the optimizer has stepped, so an accumulation window's micro-batches are summed together.
+        if self._window_step is not None and trainer.global_step > self._window_step:
+            self._log_phase(trainer, pl_module, TRAIN, step=self._window_step)
+            self._window_step = None
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._sums[VAL] = {}
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.wants_tap(trainer, VAL, batch_idx, dataloader_idx):
+            self._open(VAL)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self._phase == VAL:
+            self._close()
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if self.validation and not trainer.sanity_checking:
+            self._log_phase(trainer, pl_module, VAL, step=trainer.global_step)
+        self._sums[VAL] = {}
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._close()
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        self._close()
+
+    # ----- checkpointing -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_logs": self.train_logs, "val_logs": self.val_logs, "last_logged_step": self.last_logged_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_logs = state_dict.get("train_logs", 0)
+        self.val_logs = state_dict.get("val_logs", 0)
+        self.last_logged_step = state_dict.get("last_logged_step", -1)
+
+
+def nanmean(values: Tensor) -> Tensor:
+    """Mean over the finite-or-not entries that are not NaN (a head with no counted row is NaN = no data)."""
+    return values.to(torch.float64).nanmean()

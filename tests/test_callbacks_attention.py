@@ -1,0 +1,159 @@
+"""Attention monitors on real training runs: values read back from the TensorBoard event files."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
+
+from study.attention import AttentionSpec
+from study.callbacks import (
+    AttentionEntropyMonitor,
+    AttentionMapMonitor,
+    SelectionUniformityMonitor,
+    TensorBoardLayout,
+    custom_scalars_layout,
+)
+
+L_SEQ = 16
+
+
+def causal_uniform_entropy(length: int) -> float:
+    """Mean row entropy of uniform causal attention: row t spreads over t + 1 keys."""
+    return sum(math.log(t + 1) for t in range(length)) / length
+
+
+def test_uniform_attention_gpt2(tmp_path):
+    """Zero queries in GPT-2 (q part of c_attn): normalised entropy 1, KL and TV to uniform 0, exact entropy."""
+    from study.model import GPT2Module
+
+    module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
+    with torch.no_grad():
+        for block in module.model.transformer.h:
+            block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
+            block.attn.c_attn.bias[:32] = 0
+    monitors = [
+        AttentionEntropyMonitor(every_n_steps=1),
+        SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4)),
+    ]
+    trainer = make_trainer(tmp_path, monitors, max_steps=2)
+    trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1))
+
+    logged = scalars(tmp_path)
+    for prefix in ("", "val/"):
+        for layer in (0, 1):
+            assert logged[f"{prefix}attention/normalized_entropy/layer_{layer}"][0][1] == pytest.approx(
+                1.0, abs=1e-5
+            )
+            assert logged[f"{prefix}attention/kl_uniform/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-5)
+            assert logged[f"{prefix}attention/tv_uniform/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-5)
+            assert logged[f"{prefix}attention/entropy/layer_{layer}"][0][1] == pytest.approx(
+                causal_uniform_entropy(L_SEQ), rel=1e-5
+            )
+            # Uniform over t + 1 keys: effective support t + 1, its mean (L + 1) / 2; top-4 mass min(4, t+1)/(t+1).
+            assert logged[f"{prefix}attention/effective_support/layer_{layer}"][0][1] == pytest.approx(
+                (L_SEQ + 1) / 2, rel=1e-5
+            )
+            top4 = sum(min(4, t + 1) / (t + 1) for t in range(L_SEQ)) / L_SEQ
+            assert logged[f"{prefix}attention/topk_mass_k4/layer_{layer}"][0][1] == pytest.approx(
+                top4, rel=1e-5
+            )
+            assert logged[f"{prefix}attention/selection_tv_k4/layer_{layer}"][0][1] == pytest.approx(
+                0.0, abs=1e-5
+            )
+        assert logged[f"{prefix}attention/normalized_entropy/mean"][0][1] == pytest.approx(1.0, abs=1e-5)
+    # Training tags at both logged steps (every_n_steps=1), once each; validation once at the end of fit.
+    assert [s for s, _ in logged["attention/entropy/layer_0"]] == [0, 1]
+    assert [s for s, _ in logged["val/attention/entropy/layer_0"]] == [2]
+    hist = events(tmp_path).Histograms("attention/normalized_entropy/heads")
+    assert len(hist) == 2 and hist[0].histogram_value.num == 4  # 2 layers x 2 heads
+    assert hist[0].histogram_value.min == pytest.approx(1.0, abs=1e-5)
+
+
+def test_top1_plain_model(tmp_path):
+    """top_k = 1 on a plain `attend` model: one-hot rows, entropy 0, effective support 1."""
+    module = PlainAttention(AttentionSpec(top_k=1))
+    monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1)]
+    make_trainer(tmp_path, monitors).validate(module, token_loader(length=L_SEQ))
+    logged = scalars(tmp_path)
+    for layer in (0, 1):
+        assert logged[f"val/attention/entropy/layer_{layer}"] == [(0, pytest.approx(0.0, abs=1e-6))]
+        assert logged[f"val/attention/normalized_entropy/layer_{layer}"][0][1] == pytest.approx(0.0, abs=1e-6)
+        assert logged[f"val/attention/effective_support/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-6)
+        assert logged[f"val/attention/max_weight/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-6)
+        assert logged[f"val/attention/nonzero/layer_{layer}"][0][1] == pytest.approx(1.0, abs=1e-6)
+    # KL to uniform = log n - 0, averaged over rows.
+    assert logged["val/attention/kl_uniform/mean"][0][1] == pytest.approx(
+        causal_uniform_entropy(L_SEQ), rel=1e-5
+    )
+
+
+def test_entropy_falls_with_temperature(tmp_path):
+    values = []
+    for i, temperature in enumerate((4.0, 1.0, 0.25, 0.05)):
+        module = PlainAttention(AttentionSpec(temperature=temperature), init_scale=3.0)
+        make_trainer(tmp_path / str(i), [AttentionEntropyMonitor()]).validate(
+            module, token_loader(length=L_SEQ)
+        )
+        values.append(scalars(tmp_path / str(i))["val/attention/normalized_entropy/mean"][0][1])
+    assert all(a > b for a, b in zip(values, values[1:])), values
+    assert values[0] - values[-1] > 0.3, values
+
+
+def test_only_logging_steps_open_a_tap(tmp_path):
+    """every_n_steps = 2: the forward of steps 0 and 2 sees the tap, steps 1 and 3 run with none open."""
+    module = PlainAttention()
+    monitor = AttentionEntropyMonitor(every_n_steps=2, validation=False)
+    calls: list[int] = []
+    observe = monitor.observe
+    monitor.observe = lambda layer, *a: (calls.append(layer), observe(layer, *a))
+    make_trainer(tmp_path, [monitor], max_steps=4, limit_val_batches=0).fit(module, token_loader(n=8))
+    assert module.taps_seen == [(0, 1), (1, 0), (2, 1), (3, 0)]
+    assert calls == [0, 1, 0, 1]  # two layers, on two steps
+    logged = scalars(tmp_path)
+    assert [s for s, _ in logged["attention/entropy/layer_0"]] == [0, 2]
+    assert not any(tag.startswith("val/") for tag in logged)
+    assert monitor.train_logs == 2 and not monitor.is_tapping
+
+
+def test_llama_and_state_dict(tmp_path):
+    """The same monitors on a transformers Llama (after apply_attention_spec); counters survive a checkpoint."""
+    monitor = SelectionUniformityMonitor(every_n_steps=1, topk=(2,))
+    entropy = AttentionEntropyMonitor(every_n_steps=1, per_head=True)
+    trainer = make_trainer(tmp_path, [monitor, entropy], max_steps=2, enable_checkpointing=True)
+    trainer.fit(LlamaModule(AttentionSpec(temperature=0.5)), token_loader(), token_loader(seed=1))
+    logged = scalars(tmp_path)
+    for layer in (0, 1):
+        value = logged[f"attention/normalized_entropy/layer_{layer}"][0][1]
+        assert 0.0 < value < 1.0
+        assert 0.0 < logged[f"attention/entropy/layer_{layer}/head_1"][0][1]
+        assert logged[f"attention/topk_mass_k2/layer_{layer}"][0][1] <= 1.0 + 1e-6
+    assert (entropy.train_logs, entropy.val_logs) == (2, 1)
+    ckpt = trainer.checkpoint_callback.best_model_path
+    state = torch.load(ckpt, weights_only=False)["callbacks"]
+    restored = AttentionEntropyMonitor(every_n_steps=1, per_head=True)
+    restored.load_state_dict(state[entropy.state_key])
+    assert (restored.train_logs, restored.val_logs, restored.last_logged_step) == (2, 1, 2)
+
+
+def test_attention_map_and_layout(tmp_path):
+    """Uniform causal attention drawn as an image: zero above the diagonal, row t at 1/(t+1) of the max."""
+    from PIL import Image
+
+    module = PlainAttention(zero_queries=True)
+    monitor = AttentionMapMonitor(layers=[1], heads=[0], min_pixels=32)
+    trainer = make_trainer(tmp_path, [monitor, TensorBoardLayout()], max_steps=2)
+    trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ))
+    acc = events(tmp_path)
+    assert acc.Tags()["images"] == ["attention_map/layer_1/head_0"]
+    encoded = acc.Images("attention_map/layer_1/head_0")[0].encoded_image_string
+    img = np.asarray(Image.open(io.BytesIO(encoded)), dtype=np.float64) / 255.0
+    img = img[::2, ::2] if img.ndim == 2 else img[::2, ::2, 0]  # 16 x 16 tokens upscaled to 32 x 32
+    expected = np.tril(1.0 / np.arange(1, L_SEQ + 1)[:, None] * np.ones((1, L_SEQ)))
+    assert img.shape == (L_SEQ, L_SEQ)
+    assert np.abs(img - expected).max() < 1.5 / 255
+    # The custom-scalars layout is in the same event file.
+    assert "custom_scalars__config__" in acc.Tags()["tensors"]
+    assert any("Jacobian" in chart for chart in custom_scalars_layout()["gradients"])

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
+from tests.callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
 
 from study.attention import AttentionSpec
 from study.callbacks import (

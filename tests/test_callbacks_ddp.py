@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from callback_helpers import PlainAttention, events, make_trainer, scalars
+from tests.callback_helpers import PlainAttention, events, make_trainer, scalars
 from torch.utils.data import DataLoader
 
 from study.callbacks import AttentionEntropyMonitor, GradientNormMonitor, SelectionUniformityMonitor

@@ -5,7 +5,7 @@ import math
 import lightning as L
 import pytest
 import torch
-from callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
+from tests.callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
 
 from study.attention import AttentionSpec, causal_allowed
 from study.callbacks import GradientNormMonitor

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tests.callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
 
 from study.attention import AttentionSpec
 from study.callbacks import (
@@ -16,6 +15,7 @@ from study.callbacks import (
     TensorBoardLayout,
     custom_scalars_layout,
 )
+from tests.callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
 
 L_SEQ = 16
 

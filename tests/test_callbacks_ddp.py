@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from tests.callback_helpers import PlainAttention, events, make_trainer, scalars
 from torch.utils.data import DataLoader
 
 from study.callbacks import AttentionEntropyMonitor, GradientNormMonitor, SelectionUniformityMonitor
+from tests.callback_helpers import PlainAttention, events, make_trainer, scalars
 
 
 def samples() -> list[dict[str, torch.Tensor]]:

@@ -5,11 +5,11 @@ import math
 import lightning as L
 import pytest
 import torch
-from tests.callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
 
 from study.attention import AttentionSpec, causal_allowed
 from study.callbacks import GradientNormMonitor
 from study.callbacks.base import TRAIN
+from tests.callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
 
 
 class GradRecorder(L.Callback):

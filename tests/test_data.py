@@ -69,7 +69,7 @@ def test_unknown_tokenizer_is_named(text_files, tmp_path):
     train, val = text_files
     dm = TextDataModule("files", train_files=[train], val_files=[val], tokenizer="no-such-tok", cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no-such-tok"):
-        dm.vocab_size
+        _ = dm.vocab_size
 
 
 def test_offline_gpt2_tokenizer_is_the_real_one():

@@ -283,3 +283,10 @@ def test_sample_rows_is_deterministic_and_non_degenerate():
     torch.testing.assert_close(a.sum(-1), torch.ones(5))
     n_valid = int((visible_count(allowed) >= 2).sum())
     assert sample_rows(weights, allowed, 10_000).shape[0] == n_valid
+
+
+def test_as_distribution_normalises_magnitudes_and_keeps_zero_rows():
+    from study.metrics import as_distribution
+
+    w = torch.tensor([[0.2, -0.2, 0.6], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(as_distribution(w), torch.tensor([[0.2, 0.2, 0.6], [0.0, 0.0, 0.0]]))

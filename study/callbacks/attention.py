@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import AttentionSpec
-from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, tensorboard_writers
+from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
 from study.metrics import finalize, summarize_rows
 
 
@@ -37,6 +37,8 @@ class AttentionEntropyMonitor(TapMonitor):
     Per head, the mean over rows of H = -sum a log a (nats) and of H / log(n), where n is the number of keys
     the query may see (1 = uniform over them, 0 = one key; rows with n = 1 are left out of the normalised
     mean). A layer's value is the mean over its heads; ``mean`` is the mean over all layers and heads.
+    Sparse normalisers (sparsemax, entmax) put exact zeros in rows: 0 log 0 = 0. For a normaliser whose rows do
+    not sum to 1 (Self-Adjust Softmax) the statistics describe |w| / sum |w|.
 
     Tags (``val/`` prefixed for validation epochs):
         ``attention/entropy/layer_{l}``, ``attention/entropy/mean``,
@@ -64,7 +66,7 @@ class AttentionEntropyMonitor(TapMonitor):
         self.histogram = histogram
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        sums = summarize_rows(weights, allowed, topk=())
+        sums = summarize_rows(row_distribution(weights, spec), allowed, topk=())
         return {k: sums[k] for k in ("rows", "rows_nondegenerate", "entropy", "normalized_entropy")}
 
     def _per_head(self, sums: Sums) -> dict[str, dict[int, Tensor]]:
@@ -136,7 +138,7 @@ class SelectionUniformityMonitor(TapMonitor):
         self.per_head = per_head
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        sums = summarize_rows(weights, allowed, topk=self.topk)
+        sums = summarize_rows(row_distribution(weights, spec), allowed, topk=self.topk)
         sums.pop("entropy")
         sums.pop("normalized_entropy")
         return sums

@@ -28,7 +28,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from study.attention import AttentionSpec, tapping
+from study.attention import NORMALIZERS, AttentionSpec, tapping
+from study.metrics import as_distribution
 
 Sums = dict[int, dict[str, Tensor]]
 
@@ -115,8 +116,11 @@ class TapMonitor(Callback):
     def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
         if self._phase is None:  # opened by someone else's `tapping(monitor)`: nothing to attribute it to
             return
+        summary = self.summarize(layer, weights, allowed, spec)
+        if not summary:  # this layer has nothing for the monitor (e.g. a Jacobian of a non-softmax normaliser)
+            return
         acc = self._sums[self._phase].setdefault(layer, {})
-        for key, value in self.summarize(layer, weights, allowed, spec).items():
+        for key, value in summary.items():
             if key not in acc:
                 acc[key] = value
             elif _is_max(key):
@@ -228,6 +232,12 @@ class TapMonitor(Callback):
         self.train_logs = state_dict.get("train_logs", 0)
         self.val_logs = state_dict.get("val_logs", 0)
         self.last_logged_step = state_dict.get("last_logged_step", -1)
+
+
+def row_distribution(weights: Tensor, spec: AttentionSpec) -> Tensor:
+    """The weights as a distribution over keys: unchanged for normalisers whose rows sum to 1, otherwise
+    |w| / sum |w| (Self-Adjust Softmax), so that entropy and distances to uniform stay defined."""
+    return weights if NORMALIZERS[spec.normalizer].sums_to_one else as_distribution(weights)
 
 
 def nanmean(values: Tensor) -> Tensor:

@@ -45,7 +45,9 @@ class GradientNormMonitor(TapMonitor):
         ``attention/jacobian/max``, ``attention/jacobian/frac_above_quarter_T`` (rows above 1/(4T)),
         ``attention/jacobian/bound_quarter_T`` = 1/(4T) (the paper's Corollary 3) and
         ``attention/jacobian/bound_half_T`` = 1/(2T) (the exact maximum), with T the smallest temperature seen.
-    Validation epochs log the Jacobian tags under ``val/``.
+    Validation epochs log the Jacobian tags under ``val/``. Only softmax layers contribute (top-k included):
+    the closed form is softmax's, and other normalisers have other Jacobians (sparsemax's is
+    (1/T)(diag(s) - s s^T / |S|) on its support S, of norm exactly 1/T).
 
     Gradients are identical on every rank after DDP's all-reduce, so their norms are averaged across ranks (a
     no-op that keeps the ranks consistent); the Jacobian sums and counts are added, maxima maxed.
@@ -92,6 +94,8 @@ class GradientNormMonitor(TapMonitor):
         return self.jacobian_rows > 0 and super().wants_tap(trainer, phase, batch_idx, dataloader_idx)
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+        if spec.normalizer != "softmax":  # the closed form below is softmax's Jacobian
+            return {}
         rows = sample_rows(weights, allowed, self.jacobian_rows, generator=self._generator)
         norms = softmax_jacobian_norm(rows, spec.temperature).to(torch.float64)
         one = torch.ones(1, dtype=torch.float64, device=weights.device)

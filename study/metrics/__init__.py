@@ -5,6 +5,7 @@ hooks, and are unit-tested against closed forms and brute force.
 """
 
 from study.metrics.attention import (
+    as_distribution,
     effective_support,
     finalize,
     kl_to_uniform,
@@ -32,6 +33,7 @@ from study.metrics.gradients import (
 
 __all__ = [
     "KINDS",
+    "as_distribution",
     "block_index",
     "effective_support",
     "finalize",

@@ -36,6 +36,17 @@ def visible_count(allowed: Tensor) -> Tensor:
     return allowed.sum(-1)
 
 
+def as_distribution(weights: Tensor) -> Tensor:
+    """|w| / sum |w| per row, for normalisers whose rows do not sum to 1 (Self-Adjust Softmax).
+
+    Distribution statistics (entropy, KL/TV to uniform, top-k mass) then describe where the row puts its
+    magnitude. Rows of all zeros stay zero.
+    """
+    magnitude = weights.abs()
+    total = magnitude.sum(dim=-1, keepdim=True)
+    return magnitude / torch.where(total > 0, total, torch.ones_like(total))
+
+
 def row_entropy(weights: Tensor) -> Tensor:
     """Shannon entropy H = -sum a log a of each row, in nats, with 0 log 0 = 0."""
     return -torch.xlogy(weights, weights).sum(-1)

@@ -109,19 +109,10 @@ class LlamaModule(L.LightningModule):
         import transformers
 
         from study.attention import apply_attention_spec
+        from tests.conftest import tiny_llama_config
 
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
+        config = tiny_llama_config(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, eos_token_id=0)
         self.model = apply_attention_spec(transformers.LlamaForCausalLM(config), spec)
 
     def training_step(self, batch, batch_idx):

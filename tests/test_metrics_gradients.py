@@ -14,6 +14,7 @@ from study.metrics.gradients import (
     parameter_kind,
     total_grad_norm,
 )
+from tests.conftest import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,17 +27,8 @@ def tiny_gpt2() -> nn.Module:
 
 
 def tiny_llama() -> nn.Module:
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        tie_word_embeddings=False,
+    config = tiny_llama_config(
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, eos_token_id=0, tie_word_embeddings=False
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()

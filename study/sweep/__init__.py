@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--save-dir", default=None, help="root folder of sweeps (default: the spec's save_dir or logs)"
     )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads per run (default: the spec's `threads`)"
+    )
     p.add_argument("--dry-run", action="store_true", help="validate, print the plan and exit")
     p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     p.add_argument(
@@ -210,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
+    threads = args.threads or plan.threads
+    if threads:
+        import os
+
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
     if args.run_index is not None:
         return _run_one(plan, args.run_index)
 
@@ -231,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; {args.parallel} at a time" if args.parallel > 1 else ""),
         flush=True,
     )
-    estimate = None
+    estimate = timing = None
     if (todo or pretrain_todo) and not args.no_estimate:
         probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
         probe_run = Run(
@@ -246,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
             ],
             probe_run.resolved,
         )
-        timing = probe(probe_run)
+        try:
+            timing = probe(probe_run)
+        except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
+            timing = None
+            print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
+    if timing is not None:
         estimate = plan_estimate(plan, todo, pretrain_todo, timing, args.parallel)
         print(
             f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"

@@ -88,6 +88,7 @@ class Plan:
     pretrain: Run | None
     report: bool
     quick: bool
+    threads: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,7 +109,8 @@ def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) 
 
 def _cli_value(value: Any) -> str:
     # `study fit` parses `--key=value` as YAML; JSON is valid YAML for numbers, null, strings, lists and dicts.
-    return json.dumps(value)
+    # Plain strings go as they are: a str-typed option would keep JSON's quotes.
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _set_dotted(config: dict, key: str, value: Any) -> None:
@@ -328,4 +330,9 @@ def build_plan(
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
         runs.append(Run(index, rname, run_dir, params, args, resolved))
-    return Plan(name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick)
+    threads = spec.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
+    return Plan(
+        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads
+    )

@@ -40,6 +40,7 @@ TOP_KEYS = {
     "callbacks",
     "report",
     "quick",
+    "threads",
 }
 PRETRAIN_KEYS = {"overrides"}
 QUICK_KEYS = {"grid", "overrides", "pretrain", "description"}

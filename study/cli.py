@@ -19,7 +19,7 @@ from study.data import TextDataModule
 from study.model import GPT2Module
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
-VERBS: dict[str, str] = {}
+VERBS: dict[str, str] = {"sweep": "study.sweep", "report": "study.report"}
 
 
 class StudyCLI(LightningCLI):
@@ -29,15 +29,15 @@ class StudyCLI(LightningCLI):
         parser.link_arguments("data.block_size", "model.block_size")
 
 
-def lightning_main(args: list[str] | None = None, run: bool = True) -> StudyCLI:
-    return StudyCLI(
-        GPT2Module,
-        TextDataModule,
-        args=args,
-        run=run,
-        save_config_kwargs={"overwrite": False},
-        parser_kwargs={"parser_mode": "omegaconf"} if _has_omegaconf() else None,
-    )
+def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
+    """Build (and with ``run=True`` run) the CLI; ``cli_kwargs`` override LightningCLI arguments (the sweep
+    passes ``save_config_kwargs={"overwrite": True}`` so a resumed run may rewrite its config.yaml)."""
+    options = {
+        "save_config_kwargs": {"overwrite": False},
+        "parser_kwargs": {"parser_mode": "omegaconf"} if _has_omegaconf() else None,
+    }
+    options.update(cli_kwargs)
+    return StudyCLI(GPT2Module, TextDataModule, args=args, run=run, **options)
 
 
 def _has_omegaconf() -> bool:

@@ -1,0 +1,38 @@
+"""Every TensorBoard tag the report reads, in one place.
+
+The attention and gradient tags come from monitor callbacks (`study.callbacks`) written on another branch; the
+names below are provisional and are reconciled here, and only here, when that work is merged. A tag that a
+sweep did not log makes the report say "not logged" (and the finding inconclusive), never a made-up number.
+"""
+
+from __future__ import annotations
+
+# written by GPT2Module
+TRAIN_LOSS = "train/loss"
+VAL_LOSS = "val/loss"
+VAL_PPL = "val/ppl"
+
+# attention monitor (provisional names): token-averaged row statistics
+ENTROPY = "attention/entropy/mean"
+NORMALIZED_ENTROPY = "attention/normalized_entropy/mean"
+KL_UNIFORM = "attention/kl_uniform/mean"
+TV_UNIFORM = "attention/tv_uniform/mean"
+ATTENTION_TAGS = {
+    ENTROPY: "row entropy H (nats)",
+    NORMALIZED_ENTROPY: "H / log(visible) (1 = uniform)",
+    KL_UNIFORM: "KL(alpha || uniform)",
+    TV_UNIFORM: "TV(alpha, uniform)",
+}
+
+# gradient monitor (provisional names)
+GRAD_NORM = "grad_norm/total"  # total gradient norm before clipping
+GRAD_NORM_CLIPPED = "grad_norm/total_clipped"  # after clipping
+JACOBIAN = "grad_norm/jacobian"  # attention Jacobian norm |d alpha / d l|
+
+# Written by study.callbacks.nonfinite.NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used
+# only when no gradient monitor logged GRAD_NORM.
+GUARD_GRAD_NORM = "guard/grad_norm_preclip"
+GUARD_SKIPPED = "guard/skipped_steps"
+
+# the pre-clip total gradient norm: first tag present wins
+GRAD_NORM_SOURCES = (GRAD_NORM, GUARD_GRAD_NORM)

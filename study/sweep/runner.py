@@ -1,0 +1,290 @@
+"""Running a sweep's plan: skip finished runs, resume interrupted ones, record failures, report progress."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from study.sweep.spec import Plan, Run
+
+STATUS_FILE = "status.json"
+FINAL_STATES = ("finished", "diverged")  # never rerun; "failed" and "running" (interrupted) are resumed
+
+
+# ---- status files ---------------------------------------------------------------------------------------------
+def is_rank_zero() -> bool:
+    """True unless this process is a non-zero rank of a DDP / SLURM / torchrun job."""
+    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"))
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / STATUS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    if not is_rank_zero():
+        return
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps(status, indent=2, default=str))
+    tmp.replace(run_dir / STATUS_FILE)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    import torch
+
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0))
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
+        return None
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+# ---- one run, in this process ---------------------------------------------------------------------------------
+def _numeric_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
+    """Fit one run exactly as `study fit <run.args>` would, resuming from its last.ckpt if there is one."""
+    from study.callbacks.nonfinite import NonFiniteGuard
+    from study.cli import lightning_main
+
+    run.dir.mkdir(parents=True, exist_ok=True)
+    last = run.dir / "checkpoints" / "last.ckpt"
+    resume = last if last.is_file() else None
+    previous = read_status(run.dir) or {}
+    status: dict[str, Any] = {
+        "name": run.name,
+        "index": run.index,
+        "params": run.params,
+        "fingerprint": run.fingerprint,
+        "state": "running",
+        "reason": None,
+        "started": _now(),
+        "attempts": int(previous.get("attempts", 0)) + 1,
+        "resumed_from_step": checkpoint_step(resume) if resume else None,
+        "args": run.args,
+    }
+    write_status(run.dir, status)
+    start = time.perf_counter()
+    cli = None
+    try:
+        cli = lightning_main(run.args, run=False, save_config_kwargs={"overwrite": True})
+        guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
+        metrics = _numeric_metrics(cli.trainer.callback_metrics)
+        status.update(global_step=cli.trainer.global_step, metrics=metrics)
+        if guard is not None:
+            status["skipped_steps"] = guard.skipped_steps
+        train_loss = metrics.get("train/loss")
+        if guard is not None and guard.diverged:
+            status.update(state="diverged", reason=guard.diverged["reason"])
+        elif train_loss is not None and not math.isfinite(train_loss):
+            status.update(
+                state="diverged", reason=f"training loss is {train_loss} at the end (no guard stopped it)"
+            )
+        elif cli.trainer.interrupted:
+            status.update(state="failed", reason="interrupted (KeyboardInterrupt or a signal)")
+        else:
+            status.update(state="finished")
+            if is_pretrain and is_rank_zero():
+                hf = run.dir / "hf"
+                cli.model.model.save_pretrained(hf)
+                cli.datamodule.tokenizer.save_pretrained(hf)
+    except Exception as err:  # noqa: BLE001 - a failed run is recorded and does not stop the sweep
+        status.update(state="failed", reason=f"{type(err).__name__}: {err}")
+        if is_rank_zero():
+            (run.dir / "error.txt").write_text(traceback.format_exc())
+    finally:
+        status.update(ended=_now(), duration_s=round(time.perf_counter() - start, 2))
+        write_status(run.dir, status)
+        del cli
+        gc.collect()
+    return status
+
+
+# ---- one run, in a subprocess ---------------------------------------------------------------------------------
+def run_command(
+    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None
+) -> list[str]:
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path), "--run-index", str(index)]
+    if quick:
+        cmd.append("--quick")
+    if save_dir:
+        cmd += ["--save-dir", save_dir]
+    return cmd + list(passthrough)
+
+
+def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    run.dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
+    proc.log.close()  # type: ignore[attr-defined]
+    status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
+    if proc.returncode != 0 and status.get("state") in (None, "running"):
+        tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+        status.update(
+            state="failed",
+            reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
+            ended=_now(),
+        )
+        write_status(run.dir, status)
+    return status
+
+
+# ---- progress -------------------------------------------------------------------------------------------------
+class Progress:
+    """A line per run and an overall ETA from the measured durations of the runs done in this invocation."""
+
+    def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
+        self.total, self.parallel, self.estimate_s = total, max(parallel, 1), estimate_s
+        self.done = 0
+        self.start = time.perf_counter()
+        self.durations: list[float] = []
+
+    def eta(self) -> float | None:
+        remaining = self.total - self.done
+        if self.durations:
+            return sum(self.durations) / len(self.durations) * remaining / self.parallel
+        if self.estimate_s is not None:
+            return self.estimate_s * remaining / max(self.total, 1)
+        return None
+
+    def update(self, run: Run, status: dict[str, Any], skipped: bool = False) -> str:
+        self.done += 1
+        if not skipped and status.get("duration_s") is not None:
+            self.durations.append(float(status["duration_s"]))
+        state = status.get("state", "?")
+        detail = (
+            "skipped (already " + state + ")" if skipped else f"{state} in {status.get('duration_s', 0):.1f}s"
+        )
+        extra = []
+        if status.get("global_step") is not None:
+            extra.append(f"step {status['global_step']}")
+        ppl = (status.get("metrics") or {}).get("val/ppl")
+        if ppl is not None:
+            extra.append(f"val/ppl {ppl:.4g}")
+        if status.get("reason") and state != "finished":
+            extra.append(status["reason"])
+        eta = self.eta()
+        line = (
+            f"[{self.done}/{self.total}] {run.name}: {detail}"
+            + (f" ({'; '.join(extra)})" if extra else "")
+            + f" | elapsed {fmt_duration(time.perf_counter() - self.start)}"
+            + (f" | ETA {fmt_duration(eta)}" if eta is not None else "")
+        )
+        print(line, flush=True)
+        return line
+
+
+# ---- up-front estimate from measured first steps --------------------------------------------------------------
+def _resolved(run: Run, key: str, default: Any) -> Any:
+    node: Any = run.resolved
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def probe(run: Run, steps: int = 6) -> dict[str, float]:
+    """Time `steps` optimizer steps of `run` (nothing written to its directory): setup and per-step seconds."""
+    import lightning as L
+
+    from study.cli import lightning_main
+
+    class StepTimer(L.Callback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._t = 0.0
+
+        def on_train_batch_start(self, *a) -> None:
+            self._t = time.perf_counter()
+
+        def on_train_batch_end(self, *a) -> None:
+            self.times.append(time.perf_counter() - self._t)
+
+    args = [a for a in run.args if not a.startswith(("--trainer.logger=", "--trainer.callbacks="))]
+    args += [
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.callbacks=[]",
+    ]
+    t0 = time.perf_counter()
+    cli = lightning_main(args, run=False, save_config_callback=None)
+    cli.datamodule.prepare_data()  # caches the tokenizer and blocks: a one-off cost, not a per-run one
+    t_prepared = time.perf_counter()
+    timer = StepTimer()
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    t_end = time.perf_counter()
+    warm = sorted(timer.times[2:] or timer.times)
+    step_s = warm[len(warm) // 2]
+    # setup = building the CLI (without the cache) + Lightning's fit overhead around the steps
+    setup_s = (t_prepared - t0) * 0.5 + (t_end - t_prepared - sum(timer.times))
+    del cli
+    gc.collect()
+    return {"step_s": step_s, "setup_s": max(setup_s, 0.5), "prepare_s": t_prepared - t0}
+
+
+def estimate_run(run: Run, step_s: float, setup_s: float) -> float:
+    max_steps = int(_resolved(run, "trainer.max_steps", 100))
+    if max_steps < 0:
+        max_steps = 1000
+    interval = _resolved(run, "trainer.val_check_interval", max_steps)
+    checks = max_steps // interval if isinstance(interval, int) and interval > 0 else 1
+    val_batches = _resolved(run, "trainer.limit_val_batches", 10)
+    val_batches = val_batches if isinstance(val_batches, int) else 20
+    # a validation batch is a forward pass only: about a third of a training step
+    return setup_s + max_steps * step_s + (checks + 1) * val_batches * step_s / 3
+
+
+def plan_estimate(
+    plan: Plan, todo: list[Run], pretrain_todo: bool, timing: dict[str, float], parallel: int
+) -> float:
+    total = sum(estimate_run(r, timing["step_s"], timing["setup_s"]) for r in todo) / max(parallel, 1)
+    if pretrain_todo and plan.pretrain is not None:
+        total += estimate_run(plan.pretrain, timing["step_s"], timing["setup_s"])
+    return total

@@ -1,0 +1,339 @@
+"""Sweep specification (`configs/sweeps/<name>.yaml`) and the plan of runs it expands to.
+
+A sweep is a grid over temperature, top_k, normalizer and seed on top of a base `study fit` config. Each run is
+exactly `study fit --config <base> <overrides> <grid values> <logger/checkpoint placement>`; its argument list is
+kept in the plan, so any run can be reproduced by hand with `study fit <args>`.
+
+Everything is validated here, before any run starts: unknown keys, empty grids, and values the attention spec
+rejects (temperature <= 0, top_k < 1, unknown normaliser) raise `SweepSpecError` naming the problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GRID_KEYS = ("temperature", "top_k", "normalizer", "seed")
+# grid key -> `study fit` argument it sets
+GRID_ARGS = {
+    "temperature": "model.attention.temperature",
+    "top_k": "model.attention.top_k",
+    "normalizer": "model.attention.normalizer",
+    "seed": "seed_everything",
+}
+TOP_KEYS = {
+    "name",
+    "base",
+    "save_dir",
+    "grid",
+    "overrides",
+    "pretrain",
+    "guard",
+    "checkpoint",
+    "callbacks",
+    "report",
+    "quick",
+    "threads",
+}
+PRETRAIN_KEYS = {"overrides"}
+QUICK_KEYS = {"grid", "overrides", "pretrain", "description"}
+GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}
+CHECKPOINT_KEYS = {"every_n_train_steps"}
+GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
+CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
+
+
+class SweepSpecError(ValueError):
+    """A sweep specification that cannot run; raised before any run starts."""
+
+
+@dataclass
+class Run:
+    index: int | str  # "pretrain" for the pretraining run
+    name: str
+    dir: Path
+    params: dict[str, Any]
+    args: list[str]
+    resolved: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.args).encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "dir": str(self.dir),
+            "params": self.params,
+            "fingerprint": self.fingerprint,
+            "args": self.args,
+            "resolved": self.resolved,
+        }
+
+
+@dataclass
+class Plan:
+    name: str
+    spec_path: Path
+    sweep_dir: Path
+    base: Path
+    runs: list[Run]
+    pretrain: Run | None
+    report: bool
+    quick: bool
+    threads: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sweep": self.name,
+            "spec": str(self.spec_path),
+            "base": str(self.base),
+            "quick": self.quick,
+            "grid_keys": list(GRID_KEYS),
+            "pretrain": self.pretrain.as_dict() if self.pretrain else None,
+            "runs": [run.as_dict() for run in self.runs],
+        }
+
+
+def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) -> str:
+    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key)."""
+    return f"T{temperature:g}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
+
+
+def _cli_value(value: Any) -> str:
+    # `study fit` parses `--key=value` as YAML; JSON is valid YAML for numbers, null, strings, lists and dicts.
+    # Plain strings go as they are: a str-typed option would keep JSON's quotes.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _set_dotted(config: dict, key: str, value: Any) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _check_keys(section: str, given: dict, allowed: set[str]) -> None:
+    if not isinstance(given, dict):
+        raise SweepSpecError(f"`{section}` must be a mapping, got {type(given).__name__}")
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise SweepSpecError(f"unknown key(s) {unknown} in `{section}`; allowed: {sorted(allowed)}")
+
+
+def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
+    overrides = overrides or {}
+    if not isinstance(overrides, dict):
+        raise SweepSpecError(f"`{section}` must be a mapping of dotted `study fit` keys to values")
+    for key in overrides:
+        if (
+            not isinstance(key, str)
+            or not key
+            or key.split(".")[0] not in ("trainer", "model", "data", "seed_everything")
+        ):
+            raise SweepSpecError(
+                f"`{section}` key {key!r} is not a `study fit` option (expected trainer.*, model.*, data.* or seed_everything)"
+            )
+        if key in GRID_ARGS.values():
+            raise SweepSpecError(f"`{section}` sets {key!r}, which the grid owns; put its values in `grid`")
+    return dict(overrides)
+
+
+def _check_grid(grid: Any) -> dict[str, list]:
+    from study.attention import AttentionSpec
+
+    if not isinstance(grid, dict) or not grid:
+        raise SweepSpecError("`grid` is empty: give at least one of " + ", ".join(GRID_KEYS))
+    _check_keys("grid", grid, set(GRID_KEYS))
+    out: dict[str, list] = {}
+    for key in GRID_KEYS:
+        values = grid.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise SweepSpecError(f"grid `{key}` is an empty list")
+        if len(set(map(json.dumps, values))) != len(values):
+            raise SweepSpecError(f"grid `{key}` repeats a value: {values}")
+        for value in values:
+            try:
+                if key == "temperature":
+                    AttentionSpec(temperature=value)
+                elif key == "top_k":
+                    AttentionSpec(top_k=value)
+                elif key == "normalizer":
+                    AttentionSpec(normalizer=value)
+                elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"seed must be a non-negative integer, got {value!r}")
+            except ValueError as err:
+                raise SweepSpecError(f"grid `{key}` value {value!r} is invalid: {err}") from None
+        out[key] = values
+    return out
+
+
+def _find_file(path: str, spec_path: Path) -> Path:
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    beside = spec_path.parent / path
+    if beside.is_file():
+        return beside
+    raise SweepSpecError(
+        f"base config {path!r} not found (looked in the working directory and beside {spec_path})"
+    )
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise SweepSpecError(f"sweep config {str(path)!r} not found")
+    with open(path) as f:
+        spec = yaml.safe_load(f) or {}
+    _check_keys("sweep config", spec, TOP_KEYS)
+    return spec
+
+
+def build_plan(
+    spec_path: str | Path,
+    quick: bool = False,
+    passthrough: list[str] | None = None,
+    save_dir: str | None = None,
+) -> Plan:
+    """Validate the spec and expand it into runs (nothing is created on disk)."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path)
+    if "base" not in spec:
+        raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
+    base = _find_file(spec["base"], spec_path)
+    with open(base) as f:
+        base_config = yaml.safe_load(f) or {}
+    name = str(spec.get("name") or spec_path.stem)
+    overrides = _check_overrides("overrides", spec.get("overrides"))
+    grid_in = dict(spec.get("grid") or {})
+    pretrain_spec = spec.get("pretrain")
+    if quick:
+        q = spec.get("quick")
+        if not q:
+            raise SweepSpecError("--quick given but the sweep config has no `quick` section")
+        _check_keys("quick", q, QUICK_KEYS)
+        overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
+        grid_in.update(q.get("grid") or {})
+        if pretrain_spec is not None and q.get("pretrain") is not None:
+            _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
+            pretrain_spec = copy.deepcopy(pretrain_spec)
+            pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
+        name = f"{name}-quick"
+    grid = _check_grid(grid_in)
+    guard = spec.get("guard") or {}
+    _check_keys("guard", guard, GUARD_KEYS)
+    checkpoint = spec.get("checkpoint") or {}
+    _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
+    extra_callbacks = spec.get("callbacks") or []
+    if not isinstance(extra_callbacks, list) or not all(
+        isinstance(c, dict) and "class_path" in c for c in extra_callbacks
+    ):
+        raise SweepSpecError("`callbacks` must be a list of {class_path: ..., init_args: {...}} entries")
+    if guard:
+        try:
+            from study.callbacks.nonfinite import NonFiniteGuard
+
+            NonFiniteGuard(**{k: v for k, v in guard.items() if k != "enabled"})
+        except (TypeError, ValueError) as err:
+            raise SweepSpecError(f"`guard` is invalid: {err}") from None
+    sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
+
+    def callbacks_for(run_dir: Path) -> list[dict]:
+        callbacks = copy.deepcopy((base_config.get("trainer") or {}).get("callbacks") or [])
+        found = False
+        for cb in callbacks:
+            if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
+                found = True
+                cb.setdefault("init_args", {}).update(dirpath=str(run_dir / "checkpoints"), save_last=True)
+                cb["init_args"].update({k: v for k, v in checkpoint.items() if v is not None})
+        if not found:
+            init = {"dirpath": str(run_dir / "checkpoints"), "save_last": True}
+            init.update({k: v for k, v in checkpoint.items() if v is not None})
+            callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": init})
+        if guard.get("enabled", True):
+            callbacks.append(
+                {"class_path": GUARD_CLASS, "init_args": {k: v for k, v in guard.items() if k != "enabled"}}
+            )
+        callbacks.extend(copy.deepcopy(extra_callbacks))
+        return callbacks
+
+    def args_for(run_dir: Path, settings: dict[str, Any]) -> tuple[list[str], dict]:
+        logger = {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            # explicit name/version: a resumed run appends to the same event directory
+            "init_args": {
+                "save_dir": str(run_dir.parent),
+                "name": "",
+                "version": run_dir.name,
+                "default_hp_metric": False,
+            },
+        }
+        args = ["--config", str(base)]
+        resolved = copy.deepcopy(base_config)
+        for key, value in settings.items():
+            args.append(f"--{key}={_cli_value(value)}")
+            _set_dotted(resolved, key, value)
+        callbacks = callbacks_for(run_dir)
+        args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
+        _set_dotted(resolved, "trainer.logger", logger)
+        _set_dotted(resolved, "trainer.callbacks", callbacks)
+        args += list(passthrough or [])
+        return args, resolved
+
+    pretrain = None
+    pretrained_path = None
+    if pretrain_spec is not None:
+        _check_keys("pretrain", pretrain_spec, PRETRAIN_KEYS)
+        p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
+        p_dir = sweep_dir / "pretrain"
+        p_args, p_resolved = args_for(p_dir, p_over)
+        pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
+        pretrained_path = str(p_dir / "hf")
+
+    runs = []
+    values = [grid.get(k, [None]) for k in GRID_KEYS]
+    base_attention = (
+        ((base_config.get("model") or {}).get("attention") or {})
+        if isinstance(base_config.get("model"), dict)
+        else {}
+    )
+    defaults = {
+        "temperature": base_attention.get("temperature", 1.0),
+        "top_k": base_attention.get("top_k"),
+        "normalizer": base_attention.get("normalizer", "softmax"),
+        "seed": base_config.get("seed_everything") or 0,
+    }
+    for index, combo in enumerate(itertools.product(*values)):
+        params = {k: (v if k in grid else defaults[k]) for k, v in zip(GRID_KEYS, combo)}
+        rname = run_name(params["temperature"], params["top_k"], params["normalizer"], params["seed"])
+        settings = dict(overrides)
+        if pretrained_path:
+            settings["model.model_name_or_path"] = pretrained_path
+        for key in GRID_KEYS:
+            if key in grid:
+                settings[GRID_ARGS[key]] = params[key]
+        run_dir = sweep_dir / rname
+        args, resolved = args_for(run_dir, settings)
+        runs.append(Run(index, rname, run_dir, params, args, resolved))
+    threads = spec.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
+    return Plan(
+        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads
+    )

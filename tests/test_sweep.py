@@ -1,0 +1,211 @@
+"""Acceptance tests of `study sweep`: run folders, skip, kill-and-resume, bad specs, DDP and parallel launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from study.report.read import read_scalars
+from study.sweep import build_plan, main
+from study.sweep.spec import SweepSpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "trainer.max_steps": 6,
+    "trainer.val_check_interval": 6,
+    "trainer.limit_val_batches": 1,
+    "trainer.log_every_n_steps": 1,
+    "trainer.enable_progress_bar": False,
+    "trainer.enable_model_summary": False,
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.warmup_steps": 2,
+    "data.batch_size": 4,
+    "data.max_train_blocks": 48,
+    "data.max_val_blocks": 4,
+    "data.cache_dir": str(ROOT / "logs" / "cache"),
+}
+
+
+def write_spec(tmp_path: Path, grid: dict, overrides: dict | None = None, **extra) -> Path:
+    spec = {
+        "name": "tiny",
+        "base": str(ROOT / "configs" / "default.yaml"),
+        "save_dir": str(tmp_path / "logs"),
+        "threads": 1,
+        "grid": grid,
+        "overrides": {**TINY, **(overrides or {})},
+        "guard": {"action": "stop", "log_grad_norm": True},
+        "checkpoint": {"every_n_train_steps": 2},
+        "report": False,
+        **extra,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def test_sweep_creates_runs_then_skips_them(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"temperature": [0.1, 1.0], "top_k": [None, 2]})
+    assert main(["--config", str(spec)]) == 0
+    sweep = tmp_path / "logs" / "tiny"
+    names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert names == sorted(
+        ["T0.1_kall_softmax_s0", "T0.1_k2_softmax_s0", "T1_kall_softmax_s0", "T1_k2_softmax_s0"]
+    )
+    plan = json.loads((sweep / "plan.json").read_text())
+    assert [r["name"] for r in plan["runs"]] == [
+        "T0.1_kall_softmax_s0",
+        "T0.1_k2_softmax_s0",
+        "T1_kall_softmax_s0",
+        "T1_k2_softmax_s0",
+    ]
+    assert plan["runs"][1]["resolved"]["model"]["attention"]["top_k"] == 2
+    out = capsys.readouterr().out
+    assert "Estimated time" in out and "[4/4]" in out and "ETA" in out
+    events = {}
+    for name in names:
+        run = sweep / name
+        st = status(run)
+        assert st["state"] == "finished" and st["global_step"] == 6
+        assert (run / "checkpoints" / "last.ckpt").is_file()
+        hp = yaml.safe_load((run / "config.yaml").read_text())
+        assert hp["model"]["attention"]["temperature"] == float(name.split("_")[0][1:])
+        events[name] = sorted(p.name for p in run.glob("events.out.tfevents.*"))
+        assert events[name]
+        loss = read_scalars(run)["train/loss"]
+        assert len(loss) == 6
+    # rerun: everything skipped, nothing rewritten
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("skipped (already finished)") == 4
+    for name in names:
+        assert sorted(p.name for p in (sweep / name).glob("events.out.tfevents.*")) == events[name]
+        assert status(sweep / name)["attempts"] == 1
+
+
+def test_killed_run_resumes_without_duplicate_or_missing_steps(tmp_path):
+    spec = write_spec(
+        tmp_path,
+        {"temperature": [0.5]},
+        {"trainer.max_steps": 8, "trainer.val_check_interval": 8},
+        callbacks=[{"class_path": "study.sweep.faults.KillAtStep", "init_args": {"step": 5}}],
+    )
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"]
+    first = subprocess.run(
+        cmd, env={**env(), "STUDY_FAULTS": "1"}, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode != 0
+    run = tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+    assert status(run)["state"] == "running"  # killed mid-run: never marked finished
+    second = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    st = status(run)
+    assert st["state"] == "finished" and st["global_step"] == 8 and st["attempts"] == 2
+    assert st["resumed_from_step"] == 4  # last.ckpt every 2 steps, killed after step 5
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2  # the resumed run appended to the same folder
+    steps = [s for s, _ in read_scalars(run)["train/loss"]]
+    assert steps == list(range(steps[0], steps[0] + 8))
+
+
+@pytest.mark.parametrize(
+    ("grid", "extra", "message"),
+    [
+        ({}, {}, "grid` is empty"),
+        ({"temperature": []}, {}, "empty list"),
+        ({"temperature": [0.0]}, {}, "temperature"),
+        ({"top_k": [0]}, {}, "top_k"),
+        ({"normalizer": ["nope"]}, {}, "unknown normalizer"),
+        ({"temprature": [1.0]}, {}, "unknown key(s) ['temprature']"),
+        ({"temperature": [1.0]}, {"learning_rate": 1}, "unknown key(s) ['learning_rate']"),
+        ({"temperature": [1.0]}, {"overrides": {"model.attention.temperature": 2}}, "grid owns"),
+        ({"temperature": [1.0]}, {"guard": {"action": "explode"}}, "action"),
+    ],
+)
+def test_bad_specs_fail_before_any_run(tmp_path, capsys, grid, extra, message):
+    spec = write_spec(tmp_path, grid, **extra)
+    if "overrides" in extra:  # replace the tiny overrides
+        data = yaml.safe_load(spec.read_text())
+        data["overrides"] = extra["overrides"]
+        spec.write_text(yaml.safe_dump(data))
+    with pytest.raises(SweepSpecError, match=None) as err:
+        build_plan(spec)
+    assert message in str(err.value)
+    assert main(["--config", str(spec)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_default_and_hub_sweeps_parse():
+    plan = build_plan(ROOT / "configs" / "sweeps" / "default.yaml")
+    assert len(plan.runs) == 30 and plan.pretrain is not None
+    assert "T0.1_k4_softmax_s0" in [r.name for r in plan.runs]
+    assert any(a == f"--model.model_name_or_path={plan.pretrain.dir / 'hf'}" for a in plan.runs[0].args)
+    quick = build_plan(ROOT / "configs" / "sweeps" / "default.yaml", quick=True)
+    assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    hub = build_plan(ROOT / "configs" / "sweeps" / "gpt2-wikitext.yaml")
+    assert len(hub.runs) == 60
+    # the run's `study fit` arguments parse (print_config exits before the hub would be touched)
+    result = subprocess.run(
+        [sys.executable, "-m", "study.cli", "fit", *hub.runs[7].args, "--print_config"],
+        env=env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = yaml.safe_load(result.stdout)
+    assert config["model"]["model_name_or_path"] == "gpt2"
+    assert config["data"]["dataset_config"] == "wikitext-2-raw-v1"
+    assert config["trainer"]["precision"] == "bf16-mixed" and config["trainer"]["strategy"] == "ddp"
+    assert config["model"]["attention"]["temperature"] == hub.runs[7].params["temperature"]
+    assert config["trainer"]["logger"]["init_args"]["version"] == hub.runs[7].name
+
+
+def test_ddp_run_and_parallel_subprocesses(tmp_path):
+    spec = write_spec(
+        tmp_path,
+        {"temperature": [1.0], "seed": [0, 1]},
+        {"trainer.max_steps": 4, "trainer.val_check_interval": 4},
+    )
+    # each run on 2 CPU processes with DDP; the two runs side by side as subprocesses
+    cmd = [
+        sys.executable,
+        "-m",
+        "study.cli",
+        "sweep",
+        "--config",
+        str(spec),
+        "--no-estimate",
+        "--parallel",
+        "2",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--trainer.accelerator=cpu",
+    ]
+    result = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    sweep = tmp_path / "logs" / "tiny"
+    logs = "".join((p / "sweep.log").read_text() for p in sweep.iterdir() if (p / "sweep.log").is_file())
+    assert result.returncode == 0, result.stdout[-2000:] + logs[-3000:]
+    for seed in (0, 1):
+        run = sweep / f"T1_kall_softmax_s{seed}"
+        st = status(run)
+        assert st["state"] == "finished" and st["global_step"] == 4
+        assert len(read_scalars(run)["train/loss"]) == 4
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in logs

@@ -1,8 +1,8 @@
 """Every TensorBoard tag the report reads, in one place.
 
-The attention and gradient tags come from monitor callbacks (`study.callbacks`) written on another branch; the
-names below are provisional and are reconciled here, and only here, when that work is merged. A tag that a
-sweep did not log makes the report say "not logged" (and the finding inconclusive), never a made-up number.
+The attention and gradient tags come from the monitor callbacks (`study.callbacks`: AttentionEntropyMonitor,
+SelectionUniformityMonitor, GradientNormMonitor). A tag that a sweep did not log makes the report say
+"not logged" (and the finding inconclusive), never a made-up number.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ TRAIN_LOSS = "train/loss"
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
 
-# attention monitor (provisional names): token-averaged row statistics
+# AttentionEntropyMonitor / SelectionUniformityMonitor: row statistics, mean over layers and heads
 ENTROPY = "attention/entropy/mean"
 NORMALIZED_ENTROPY = "attention/normalized_entropy/mean"
 KL_UNIFORM = "attention/kl_uniform/mean"
@@ -24,10 +24,10 @@ ATTENTION_TAGS = {
     TV_UNIFORM: "TV(alpha, uniform)",
 }
 
-# gradient monitor (provisional names)
+# GradientNormMonitor
 GRAD_NORM = "grad_norm/total"  # total gradient norm before clipping
 GRAD_NORM_CLIPPED = "grad_norm/total_clipped"  # after clipping
-JACOBIAN = "grad_norm/jacobian"  # attention Jacobian norm |d alpha / d l|
+JACOBIAN = "attention/jacobian/mean"  # attention Jacobian norm |d alpha / d l| on sampled rows
 
 # Written by study.callbacks.nonfinite.NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used
 # only when no gradient monitor logged GRAD_NORM.

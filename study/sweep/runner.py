@@ -55,7 +55,8 @@ def checkpoint_step(path: Path) -> int | None:
 
     try:
         return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0))
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
+    except Exception as err:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
+        print(f"cannot read the step of {path}: {type(err).__name__}: {err}", flush=True)
         return None
 
 

@@ -255,17 +255,23 @@ def build_plan(
     sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
 
     def callbacks_for(run_dir: Path) -> list[dict]:
+        # Every ModelCheckpoint writes into the run folder. The one that keeps last.ckpt (for resuming) saves every
+        # `checkpoint.every_n_train_steps`; it must not monitor a metric: Lightning skips a monitored checkpoint,
+        # last.ckpt included, until that metric exists, so a run killed before its first validation could not resume.
         callbacks = copy.deepcopy((base_config.get("trainer") or {}).get("callbacks") or [])
-        found = False
+        resume = None
         for cb in callbacks:
             if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
-                found = True
-                cb.setdefault("init_args", {}).update(dirpath=str(run_dir / "checkpoints"), save_last=True)
-                cb["init_args"].update({k: v for k, v in checkpoint.items() if v is not None})
-        if not found:
-            init = {"dirpath": str(run_dir / "checkpoints"), "save_last": True}
-            init.update({k: v for k, v in checkpoint.items() if v is not None})
-            callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": init})
+                init = cb.setdefault("init_args", {})
+                init["dirpath"] = str(run_dir / "checkpoints")
+                if init.get("save_last") and not init.get("monitor"):
+                    resume = init
+                else:
+                    init["save_last"] = False
+        if resume is None:
+            resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
+            callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
+        resume.update({k: v for k, v in checkpoint.items() if v is not None})
         if guard.get("enabled", True):
             callbacks.append(
                 {"class_path": GUARD_CLASS, "init_args": {k: v for k, v in guard.items() if k != "enabled"}}

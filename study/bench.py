@@ -450,7 +450,7 @@ def machine() -> dict:
     return info
 
 
-def run_benchmark(settings: Settings, progress=print) -> dict:
+def run_benchmark(settings: Settings, progress=print, on_model=None) -> dict:
     classes, note = monitor_classes()
     notes = [note] if note else []
     result = {"machine": machine(), "settings": {**asdict(settings), "shapes": [asdict(s) for s in settings.shapes]},
@@ -504,6 +504,8 @@ def run_benchmark(settings: Settings, progress=print) -> dict:
                                      "steps": {"warmup": settings.warmup, "rounds": settings.rounds,
                                                "chunk": settings.chunk},
                                      "budgets": budgets(rows, settings)})
+            if on_model is not None:  # partial results survive an interrupted long run
+                on_model(result)
         settings = base_settings
     progress("[bench] analysis vs loop oracle")
     result["analysis"] = analysis_speed(settings)
@@ -619,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     settings = settings_from_args(args)
-    result = run_benchmark(settings)
+    result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out))
     json_path, md_path = write(result, args.out)
     print(to_markdown(result))
     print(f"[bench] wrote {json_path} and {md_path}")

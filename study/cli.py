@@ -19,7 +19,7 @@ from study.data import TextDataModule
 from study.model import GPT2Module
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
-VERBS: dict[str, str] = {"sweep": "study.sweep", "report": "study.report"}
+VERBS: dict[str, str] = {"sweep": "study.sweep", "report": "study.report", "bench": "study.bench"}
 
 
 class StudyCLI(LightningCLI):

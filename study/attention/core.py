@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import tap
-from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
+from study.attention.normalizers import MASK_VALUE, NORMALIZERS, Normalizer, Softmax, top_k_allowed
 from study.attention.spec import AttentionSpec
 
 
@@ -104,11 +104,28 @@ def attend(
         scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
         if bias is not None:
             scores = scores + bias.float().masked_fill(~mask, 0.0)
-        selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
-        weights = normalizer(scores, selected, visible=allowed)
+        if spec.top_k is not None and spec.top_k < kv_len and type(normalizer) is Softmax:
+            weights = _top_k_softmax(scores, allowed, spec.top_k)
+        else:
+            selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
+            weights = normalizer(scores, selected, visible=allowed)
 
     if tap.active_taps():
         tap.notify(layer, weights, allowed, spec)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout, training=True)
     return torch.matmul(weights.to(value.dtype), value)
+
+
+def _top_k_softmax(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
+    """Softmax over exactly the k largest allowed scores of each row, as dense weights (same as `Softmax` over
+    `top_k_allowed`, with the same picks).
+
+    The softmax runs on the k picked values only and is scattered back: no (B, H, Lq, Lk) selection mask, no
+    second masked fill, and a backward pass that only gathers. Picks on keys the query cannot see (rows that see
+    fewer than k keys) carry the finite mask value, whose exp underflows to exactly 0 next to any visible key;
+    rows with no visible key at all are zeroed.
+    """
+    values, index = scores.masked_fill(~allowed, MASK_VALUE).topk(k, dim=-1, sorted=False)
+    picked = values.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
+    return torch.zeros_like(scores).scatter(-1, index, picked)

@@ -1,0 +1,12 @@
+"""Benchmark of the attention paths and monitors: ``python scripts/bench.py [--quick]`` (same as ``study bench``)."""
+
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing: the repository root goes first on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from study.bench import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,11 @@
         LightningCLI over `GPT2Module` and `TextDataModule`: every option of the Trainer, the model and the data
         from YAML or the command line (`study fit --help`, `study fit --print_config`).
 
-Other verbs (sweeps, reports, analyses, benchmarks) are sub-packages with their own `main(argv)`.
+    study sweep --config configs/sweeps/default.yaml [--quick]    the study's grid of runs, then its report
+    study report logs/<sweep>                                      findings table and figures from the logs
+    study bench [--quick]                                          speed and memory against stock transformers
+
+Verbs other than LightningCLI's are modules with their own `main(argv)` (`VERBS`), imported only when used.
 """
 
 from __future__ import annotations

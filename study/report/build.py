@@ -223,6 +223,8 @@ def findings(summaries: list[Summary]) -> list[Finding]:
             out.append(
                 Finding(claim, f"median Spearman rho over {len(rhos)} temperatures", fmt(rho), verdict, rule)
             )
+        elif any(s.final.get(tag) is not None for s in summaries):
+            out.append(Finding(claim, f"`{tag}`", "fewer than 3 values of k at every T", "inconclusive", rule))
         else:
             out.append(Finding(claim, f"`{tag}`", NOT_LOGGED, "inconclusive", rule))
 
@@ -524,6 +526,8 @@ RUN_COLUMNS = [
     "train/loss",
     "val/loss",
     "val/ppl",
+    "H/log n",
+    "KL uniform",
     "grad norm (median)",
     "clipped frac",
     "spikes",
@@ -548,6 +552,8 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
                 fmt(s.final.get(tags.TRAIN_LOSS)),
                 fmt(s.final.get(tags.VAL_LOSS)),
                 fmt(s.final.get(tags.VAL_PPL)),
+                fmt(s.final.get(tags.NORMALIZED_ENTROPY)),
+                fmt(s.final.get(tags.KL_UNIFORM)),
                 fmt(s.grad_norm),
                 fmt(s.clipped_fraction),
                 "" if s.spikes is None else str(s.spikes),

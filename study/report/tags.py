@@ -12,11 +12,13 @@ TRAIN_LOSS = "train/loss"
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
 
-# AttentionEntropyMonitor / SelectionUniformityMonitor: row statistics, mean over layers and heads
-ENTROPY = "attention/entropy/mean"
-NORMALIZED_ENTROPY = "attention/normalized_entropy/mean"
-KL_UNIFORM = "attention/kl_uniform/mean"
-TV_UNIFORM = "attention/tv_uniform/mean"
+# AttentionEntropyMonitor / SelectionUniformityMonitor, aggregated over each validation epoch (held-out text,
+# every row, mean over layers and heads): the state of attention at the end of a run, measured the same way for
+# every setting. (The same statistics without the `val/` prefix are training-step samples.)
+ENTROPY = "val/attention/entropy/mean"
+NORMALIZED_ENTROPY = "val/attention/normalized_entropy/mean"
+KL_UNIFORM = "val/attention/kl_uniform/mean"
+TV_UNIFORM = "val/attention/tv_uniform/mean"
 ATTENTION_TAGS = {
     ENTROPY: "row entropy H (nats)",
     NORMALIZED_ENTROPY: "H / log(visible) (1 = uniform)",

@@ -34,14 +34,20 @@ class StudyCLI(LightningCLI):
 
 
 def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
-    """Build (and with ``run=True`` run) the CLI; ``cli_kwargs`` override LightningCLI arguments (the sweep
-    passes ``save_config_kwargs={"overwrite": True}`` so a resumed run may rewrite its config.yaml)."""
-    options = {
-        "save_config_kwargs": {"overwrite": False},
-        "parser_kwargs": {"parser_mode": "omegaconf"} if _has_omegaconf() else None,
-    }
-    options.update(cli_kwargs)
-    return StudyCLI(GPT2Module, TextDataModule, args=args, run=run, **options)
+    """Build (and by default run) the LightningCLI; ``args`` replaces the command line when given."""
+    kwargs = dict(
+        save_config_kwargs={"overwrite": False},
+        parser_kwargs={"parser_mode": "omegaconf"} if _has_omegaconf() else None,
+    )
+    kwargs.update(cli_kwargs)
+    argv = sys.argv
+    if args is not None:
+        # LightningCLI warns when it gets `args` while sys.argv has arguments too (as under `study sweep`).
+        sys.argv = argv[:1]
+    try:
+        return StudyCLI(GPT2Module, TextDataModule, args=args, run=run, **kwargs)
+    finally:
+        sys.argv = argv
 
 
 def _has_omegaconf() -> bool:

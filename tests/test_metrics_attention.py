@@ -270,7 +270,7 @@ def test_softmax_jacobian_norm_matches_autograd(temperature):
 def test_softmax_jacobian_norm_extremes():
     # Two equal keys reach the upper bound 1/(2T); a one-hot row has a zero Jacobian.
     w = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
-    torch.testing.assert_close(softmax_jacobian_norm(w, 2.0), torch.tensor([0.25, 0.0]))
+    torch.testing.assert_close(softmax_jacobian_norm(w, 2.0), torch.tensor([0.25, 0.0], dtype=torch.float64))
 
 
 def test_sample_rows_is_deterministic_and_non_degenerate():
@@ -290,3 +290,13 @@ def test_as_distribution_normalises_magnitudes_and_keeps_zero_rows():
 
     w = torch.tensor([[0.2, -0.2, 0.6], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(as_distribution(w), torch.tensor([[0.2, 0.2, 0.6], [0.0, 0.0, 0.0]]))
+
+
+def test_softmax_jacobian_norm_at_low_temperature_matches_eigvalsh_in_float64():
+    """Near-one-hot rows (T = 0.01) made float32 eigvalsh fail to converge; the secular-equation root does not."""
+    torch.manual_seed(0)
+    for temperature in (0.01, 0.1):
+        weights = (torch.randn(32, 40, dtype=torch.float64) / temperature).softmax(-1)
+        jac = torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
+        expected = torch.linalg.eigvalsh(jac)[..., -1].clamp(min=0) / temperature
+        torch.testing.assert_close(softmax_jacobian_norm(weights, temperature), expected, atol=1e-10, rtol=1e-8)

@@ -135,16 +135,31 @@ def selection_uniformity(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def softmax_jacobian_norm(weights: Tensor, temperature: float) -> Tensor:
-    """Spectral norm of d softmax(l / T) / d l = (1/T) (diag(a) - a a^T) for each row of `weights` (R, Lk).
+def softmax_jacobian_norm(weights: Tensor, temperature: float, iterations: int = 60) -> Tensor:
+    """Spectral norm of d softmax(l / T) / d l = (1/T) (diag(a) - a a^T) for each row of `weights` (..., Lk).
 
     The matrix is symmetric positive semi-definite, so its spectral norm is its largest eigenvalue; it lies
     in [0, 1/(2T)] (the paper's Corollary 3 states 1/(4T), which a two-key row at a = (1/2, 1/2) already
-    exceeds). Builds an (R, Lk, Lk) tensor: pass a sample of rows (see `sample_rows`), not a whole batch.
+    exceeds). diag(a) - a a^T is a rank-one downdate of a diagonal matrix, so that eigenvalue is the root of the
+    secular equation 1 = sum_i a_i^2 / (a_i - lambda) between the two largest weights, where the left side is
+    monotone: bisection in float64 finds it with O(Lk) work per step. (`torch.linalg.eigvalsh` costs O(Lk^3) and
+    fails to converge on the near-one-hot rows of low temperatures.) Ties at the top give lambda = a_(1).
     """
-    a = weights.to(torch.float32)
-    jac = torch.diag_embed(a) - a.unsqueeze(-1) * a.unsqueeze(-2)
-    return torch.linalg.eigvalsh(jac)[..., -1].clamp(min=0.0) / temperature
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    a = weights.to(torch.float64)
+    if a.shape[-1] == 1:
+        return torch.zeros(a.shape[:-1], dtype=torch.float64, device=a.device)
+    top2 = a.topk(2, dim=-1).values
+    hi, lo = top2[..., 0].clone(), top2[..., 1].clone()
+    tied = hi <= lo
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        f = 1 - (a * a / (a - mid.unsqueeze(-1))).sum(-1)
+        # f decreases on (a_(2), a_(1)): f > 0 means the root lies to the right of mid.
+        right = f > 0
+        lo, hi = torch.where(right, mid, lo), torch.where(right, hi, mid)
+    return torch.where(tied, top2[..., 0], 0.5 * (lo + hi)) / temperature
 
 
 def sample_rows(

@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo fit test lint tensorboard clean-cache
+.PHONY: setup demo quick test lint tensorboard clean-cache
 
 setup: $(VENV)/.installed
 
@@ -23,7 +23,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(OFFLINE) $(BIN)/study fit --config configs/default.yaml
+	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml
+
+quick: setup
+	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
 
 test: setup
 	$(OFFLINE) $(BIN)/python -m pytest

@@ -331,11 +331,14 @@ def _causal_softmax(logits: torch.Tensor, visible: torch.Tensor, temperature: fl
 @torch.no_grad()
 def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
                          epsilons: Sequence[float] = (1e-3, 1e-1, 10.0), *, seed: int = 0,
-                         dtype: torch.dtype = torch.float64) -> dict:
-    """Algorithm 5: g(T, eps) = |softmax((l + eps v)/T) - softmax(l/T)|_2 / eps per causal row.
+                         dtype: torch.dtype = torch.float64, normalize=None) -> dict:
+    """Algorithm 5: g(T, eps) = |f((l + eps v)/T) - f(l/T)|_2 / eps per causal row, f = softmax by default.
 
     v is a random unit vector over each row's visible keys (seeded). Computed in float64 by default
-    because the differences are tiny at small eps. Returns "g" (..., L, nT, nE), "temperatures", "epsilons".
+    because the differences are tiny at small eps. `normalize`, if given, is the map f: it takes causal
+    scores (B', H, L, L) (already divided by T) and returns weights; then `logits` must be (B, H, L, L) and f
+    sees one batch item with all heads at once (per-head normaliser parameters broadcast). Finite differences
+    work for any map (sparsemax, entmax, ssmax, ...). Returns "g" (..., L, nT, nE), "temperatures", "epsilons".
     """
     temperatures = check_temperatures(temperatures)
     epsilons = [float(e) for e in epsilons]
@@ -344,18 +347,36 @@ def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
             raise ValueError(f"epsilon must be > 0, got eps={e}")
     lead, w, _ = _flatten(logits)
     P, L, _ = w.shape
+    if normalize is not None:
+        if logits.ndim != 4:
+            raise ValueError(f"with a normaliser, logits must be (B, H, L, L), got shape {tuple(logits.shape)}")
+        heads = logits.shape[1]
+    else:
+        heads = 1
     gen = torch.Generator(device=w.device).manual_seed(seed)
     visible = torch.ones(L, L, dtype=torch.bool, device=w.device).tril()
     g = torch.empty(P, L, len(temperatures), len(epsilons), dtype=dtype, device=w.device)
-    for p in range(P):
-        lp = w[p].to(dtype)
-        v = torch.randn(L, L, generator=gen, device=w.device, dtype=dtype).masked_fill(~visible, 0.0)
+    # Heads are processed together (one batch item's worth when a normaliser needs the head axis), in chunks
+    # that keep each float64 (L, L) stack near 64 MB.
+    step = heads if normalize is not None else max(1, min(P, (1 << 23) // (L * L)))
+    for p0 in range(0, P, step):
+        p1 = min(P, p0 + step)
+        lp = w[p0:p1].to(dtype)
+        # One (L, L) draw per head in order: the same directions as drawing head by head.
+        v = torch.stack([torch.randn(L, L, generator=gen, device=w.device, dtype=dtype) for _ in range(p1 - p0)])
+        v = v.masked_fill(~visible, 0.0)
         v = v / v.norm(dim=-1, keepdim=True)
         for i, T in enumerate(temperatures):
-            a = _causal_softmax(lp, visible, T)
+            if normalize is None:
+                a = _causal_softmax(lp, visible, T)
+            else:
+                a = normalize((lp / T)[None])[0]
             for j, eps in enumerate(epsilons):
-                b = _causal_softmax(lp + eps * v, visible, T)
-                g[p, :, i, j] = (b - a).norm(dim=-1) / eps
+                if normalize is None:
+                    b = _causal_softmax(lp + eps * v, visible, T)
+                else:
+                    b = normalize(((lp + eps * v) / T)[None])[0]
+                g[p0:p1, :, i, j] = (b - a).norm(dim=-1) / eps
     return {"g": g.reshape(*lead, L, len(temperatures), len(epsilons)),
             "temperatures": temperatures, "epsilons": epsilons}
 
@@ -395,7 +416,9 @@ def dilution_stats(weights: torch.Tensor) -> dict:
     """Lemma 1 per causal row: max weight, and n * min / n * max weight over the n visible keys.
 
     A length-independent normaliser keeps C1 <= n alpha_i <= C2; the max weight then decays like 1/n.
-    Returns (..., L) tensors max_weight, scaled_min, scaled_max, and "visible" (n per row).
+    Returns (..., L) tensors max_weight, scaled_min, scaled_max, entropy (nats, with 0 log 0 = 0, so sparse
+    rows with exact zeros are fine; rows that do not sum to 1, e.g. self_adjust, are renormalised over their
+    non-negative part first), and "visible" (n per row).
     """
     lead, w, _ = _flatten(weights)
     L = w.shape[-1]
@@ -404,5 +427,9 @@ def dilution_stats(weights: torch.Tensor) -> dict:
     n = (pos + 1).to(w.dtype)[:, None]
     wmax = w.masked_fill(~visible, -math.inf).amax(-1)
     wmin = w.masked_fill(~visible, math.inf).amin(-1)
-    return {"max_weight": wmax.reshape(*lead, L), "scaled_min": (n[:, 0] * wmin).reshape(*lead, L),
+    p = w.masked_fill(~visible, 0.0).clamp_min(0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    entropy = -torch.special.xlogy(p, p).sum(-1)
+    return {"entropy": entropy.reshape(*lead, L),
+            "max_weight": wmax.reshape(*lead, L), "scaled_min": (n[:, 0] * wmin).reshape(*lead, L),
             "scaled_max": (n[:, 0] * wmax).reshape(*lead, L), "visible": (pos + 1).tolist()}

@@ -128,7 +128,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     crit_d, crit_e = [], []
     alg4 = {k: [] for k in ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")}
     g_heads, spec_mean, spec_max = [], [], []
-    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max")}
+    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max", "entropy")}
     spectral_idx = torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long())
     for layer in range(n_layers):
         w = cap.weights(layer, dtype=dtype)
@@ -152,7 +152,10 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
         alg4["radius"].append(s["radius"].mean(0))
         logits = cap.logits(layer, dtype=dtype)
-        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer)["g"]
+        # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
+        # layer's own map (normaliser and top-k) at each probe temperature.
+        normalize = None if cap.is_softmax(layer) else (lambda z, layer=layer: cap.normalize(layer, z))
+        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer, normalize=normalize)["g"]
         g_heads.append(g.mean(dim=(0, 2)))  # (H, nT, nE)
         causal = torch.ones(max_len, max_len, dtype=torch.bool).tril()[spectral_idx]
         rows = logits[:, :, spectral_idx].double()
@@ -177,6 +180,9 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
         alg3.append(res)
 
+    specs = [cap.spec(layer) for layer in range(n_layers)]
+    normalizers = sorted({sp.normalizer for sp in specs})
+    all_softmax = all(sp.is_stock_softmax for sp in specs)
     g_all = torch.stack(g_heads)  # (layers, H, nT, nE)
     g_max = g_all.flatten(0, 1).amax(0)  # (nT, nE): max over heads
     tt = torch.tensor(temperatures, dtype=torch.float64)
@@ -195,11 +201,18 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             "sphere_radius": "M = mean norm of the head's vectors over positions (per batch item and head)",
             "token_average": "rows where the statistic is defined (visible >= N; > N for separability), batch pooled",
             "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
+            "weights": "each layer's own attention weights: its normaliser, temperature and top-k "
+                       "(the spec set by apply_attention_spec; stock softmax at T = 1 without one)",
+            "gradient_probe": "softmax((l + eps v)/T) (the paper's probe)" if all_softmax else
+            "finite differences through each layer's own normaliser and top-k at probe temperature T "
+            "(softmax layers: the paper's softmax probe); the spectral norms are of the softmax Jacobian at "
+            "the same logits, a reference only for non-softmax layers",
             "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
                                 "Theorem 2 xi, lower and upper bounds"],
         },
         "model": {**cap.meta, "layers": n_layers, "heads": n_heads, "batch": int(input_ids.shape[0]),
-                  "max_length": max_len, "context": limit},
+                  "max_length": max_len, "context": limit, "normalizers": normalizers,
+                  "attention": [{"layer": i, **sp.as_hparams()} for i, sp in enumerate(specs)]},
         # Per head arrays are indexed [layer][length or N][head].
         "alg1_distance_vs_length": {k: _plain(stack(v)) for k, v in alg1.items() if v},
         "alg2_distance_vs_n": {k: _plain(stack(v)) for k, v in alg2.items() if v},

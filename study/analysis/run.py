@@ -130,7 +130,18 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     g_heads, spec_mean, spec_max = [], [], []
     dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max", "entropy")}
     spectral_idx = torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long())
+    seconds = dict.fromkeys(("capture", "alg1_2_distance", "alg3_critical", "alg4_separability",
+                             "alg5_gradient", "lemma1_dilution"), 0.0)
+    seconds["capture"] = time.perf_counter() - started
+    clock = [time.perf_counter()]
+
+    def lap(name):
+        now = time.perf_counter()
+        seconds[name] += now - clock[0]
+        clock[0] = now
+
     for layer in range(n_layers):
+        clock[0] = time.perf_counter()
         w = cap.weights(layer, dtype=dtype)
         x = cap.vectors(layer, vectors, dtype=dtype)
         d = A.distance_stats(w, x, dist_ns, mc_samples=mc_samples, seed=seed + layer)
@@ -140,9 +151,11 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             pm = _prefix_means(d[k], lengths)  # (nL, G, H)
             alg1[k].append(pm[:, gi])  # (nL, H)
             alg2[k].append(pm[-1, [dist_ns.index(n) for n in ns_fixed_l]])  # (len(ns), H)
+        lap("alg1_2_distance")
         c = A.distance_stats(w, x, crit_ns, bound=False)
         crit_d.append(_prefix_means(c["d_sum_outside"], lengths))
         crit_e.append(_prefix_means(c["expectation"], lengths))
+        lap("alg3_critical")
         s = A.separability_stats(w, x, sep_ns)
         for k in ("ratio", "lower", "upper", "xi_clamped"):
             alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
@@ -151,6 +164,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         alg4["within_bounds"].append(_prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0])
         alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
         alg4["radius"].append(s["radius"].mean(0))
+        lap("alg4_separability")
         logits = cap.logits(layer, dtype=dtype)
         # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
         # layer's own map (normaliser and top-k) at each probe temperature.
@@ -163,10 +177,12 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in temperatures], -1)
         spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
         spec_max.append(norms.amax(dim=(0, 2)))
+        lap("alg5_gradient")
         dl = A.dilution_stats(w)
         for k in dil:
             dil[k].append(dl[k][:, :, [n - 1 for n in lengths]].double().mean(0))  # (H, nL)
         del w, x, logits
+        lap("lemma1_dilution")
 
     # Algorithm 3 over all heads of all layers.
     crit_d = torch.cat(crit_d, dim=-1)  # (nL, G, layers * heads)
@@ -228,6 +244,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         },
         "lemma1_dilution": {k: _plain(stack(v)) for k, v in dil.items()},  # [layer][head][length]
         "seconds": time.perf_counter() - started,
+        "seconds_by_step": seconds,
     }
     results["claims"] = compare_with_paper(results)
     return results

@@ -19,7 +19,9 @@ from study.data import TextDataModule
 from study.model import GPT2Module
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
-VERBS: dict[str, str] = {}
+VERBS: dict[str, str] = {
+    "analyze": "study.analysis.cli",
+}
 
 
 class StudyCLI(LightningCLI):

@@ -101,3 +101,24 @@ def test_analyze_reports_the_normaliser():
     assert "own normaliser" in res["choices"]["gradient_probe"]
     # Lemma 1 on sparse rows: the smallest visible weight is exactly 0 somewhere in layer 1.
     assert min(v for head in res["lemma1_dilution"]["scaled_min"][1] for v in head) == 0.0
+
+
+def test_float32_ranking_with_ties_matches_the_stable_float64_path():
+    # Sparse rows are full of exact ties (zeros): the fast float32 top-k ranking must break them by position,
+    # as the stable sort of the float64 path (and the loop oracle) does, so every statistic agrees.
+    gen = torch.Generator().manual_seed(4)
+    L = 24
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    scores = (3 * torch.randn(2, L, L, generator=gen)).masked_fill(~causal, float("-inf"))
+    from study.attention.normalizers import NORMALIZERS
+
+    w = NORMALIZERS["sparsemax"]()(scores.masked_fill(~causal, -1e4), causal)
+    w = w.masked_fill(~causal, 0.0)
+    w[:, :, 3] = 0.0  # negative zero and ties
+    w[:, 5:, 4] = -0.0
+    x = torch.randn(2, L, 6, generator=gen)
+    assert (w[causal.expand_as(w)] == 0).float().mean() > 0.3
+    got = distance_stats(w, x, [1, 3, 8], bound=True)
+    want = distance_stats(w.double(), x.double(), [1, 3, 8], bound=True)
+    for key in ("d_sum_outside", "d_norm_of_sum", "bound", "d1", "max_top_norm", "top_mass"):
+        torch.testing.assert_close(got[key].double(), want[key], rtol=1e-4, atol=1e-4, equal_nan=True)

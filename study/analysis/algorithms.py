@@ -7,11 +7,12 @@ Conventions (shared by every function here):
   about (per-head values by default; hidden states broadcast over heads as an option).
 - Per-row outputs are (..., L, G) for a grid of G values of N, NaN where the statistic is undefined
   (N > n_t, or no key outside the top N where one is needed).
-- Everything is computed from ONE descending sort per row: the rank of each key gives membership of the
+- Everything is computed from ONE descending ranking per row (`topk` of the largest N on an exact
+  integer key, ties broken by position as a stable sort would): the rank of each key gives membership of the
   top-N set for every N at once, and |alpha_i x_i - s|^2 = |alpha_i x_i|^2 - 2 alpha_i x_i.s + |s|^2 turns the
   per-key distances into a matrix product (no (rows, L, D) tensor is ever formed).
 - Rows are processed in chunks sized by `budget` (elements per temporary) so L = 1024 with 12 heads stays
-  well under 2 GB.
+  well under 2 GB; a chunk ending at row t1 only touches key columns 0..t1-1 (the causal triangle).
 
 Reconstructed formulas (the paper's display equations were lost; see shared/paper.md) are named
 `(recon)` below and in the result dictionaries.
@@ -82,15 +83,6 @@ def _chunk(length: int, width: int, budget: int) -> int:
     least 64) so that truncating each chunk's columns at its last row skips most of the masked upper triangle."""
     cap = max(64, -(-length // ROW_BLOCKS))
     return max(1, min(length, cap, budget // max(1, length * width)))
-
-
-def _descending_ranks(a: torch.Tensor, visible: torch.Tensor):
-    """One stable descending sort per row; invisible keys sort last. Returns (order, rank)."""
-    key = a.masked_fill(~visible, -math.inf)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(a.shape[-1], device=a.device).expand_as(order))
-    return order, rank
 
 
 def _top_ranks(a: torch.Tensor, visible: torch.Tensor, k: int):

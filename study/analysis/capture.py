@@ -215,7 +215,10 @@ def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = F
     _ACTIVE = {}
     try:
         with _implementation(model, CAPTURE_IMPLEMENTATION):
-            out = model(input_ids=input_ids, output_hidden_states=hidden_states, use_cache=False)
+            # The base model (no LM head): the attention inputs and hidden states are the same, and GPT-2's
+            # 50257 x 768 head is about a sixth of the forward pass at L = 1024.
+            runner = getattr(model, "base_model", None) or model
+            out = runner(input_ids=input_ids, output_hidden_states=hidden_states, use_cache=False)
         recorded = _ACTIVE
     finally:
         _ACTIVE = None

@@ -73,7 +73,7 @@ def test_analyze_checkpoint_uses_its_spec_and_the_tokenizer_beside_it(saved, tmp
     ckpt = run / "checkpoints" / "last.ckpt"
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": lightning.__version__}, ckpt)
-    args = ["--model", str(ckpt), "--text", str(root / "text.txt"), "--out", str(tmp_path / "a"), "--no-figures", *FAST]
+    args = ["--model", str(ckpt), "--text", str(root / "text.txt"), "--out", str(tmp_path / "a"), "--no-figures", "--threads", "1", *FAST]
     assert main(args) == 2  # no tokenizer anywhere near the checkpoint
     tok.save_pretrained(run / "tokenizer")
     assert main(args) == 0
@@ -90,6 +90,7 @@ def test_analyze_checkpoint_uses_its_spec_and_the_tokenizer_beside_it(saved, tmp
     (["--temperatures", "1", "0"], "T=0.0"),
     (["--temperatures", "-1"], "T=-1.0"),
     (["--lengths", "0"], "L=0"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_bad_numbers_fail_naming_the_value(saved, tmp_path, capsys, extra, message):
     root, _ = saved

@@ -3,7 +3,7 @@
     study analyze --model <hub name | local HF dir | GPT2Module .ckpt> --text <file | shakespeare>
                   [--tokenizer gpt2|DIR] [--lengths L ...] [--ns N ...] [--temperatures T ...]
                   [--vectors value|hidden] [--out DIR] [--max-length L] [--layers I ...]
-                  [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S]
+                  [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S] [--threads N]
 
 Everything cheap is checked first (numbers, files, the text, the model's context from its config) so that a
 bad value fails with a message naming it before the model runs. Results go to --out (default
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--mc-samples", type=int, default=4, help="Monte Carlo subsets per row for E (default: 4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's own); 1 is much faster on a shared, busy machine")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip the PNG figures")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to the output folder")
     return p
@@ -68,6 +70,8 @@ def check_numbers(args) -> None:
     for t in args.temperatures or []:
         if not (t > 0 and math.isfinite(t)):
             raise AnalyzeError(f"temperature must be finite and > 0, got T={t}")
+    if args.threads is not None and args.threads < 1:
+        raise AnalyzeError(f"--threads must be >= 1, got {args.threads}")
     if args.mc_samples < 0:
         raise AnalyzeError(f"--mc-samples must be >= 0, got {args.mc_samples}")
     for i in args.layers or []:
@@ -339,6 +343,8 @@ def run(args) -> Path:
     lengths, longest = resolve_lengths(args, config_context(args, kind))
     text = read_text(args.text, min_chars=longest * 12)
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(args, kind)
     from .capture import context_length
 
@@ -380,12 +386,17 @@ def run(args) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     args = build_parser().parse_args(argv)
+    threads = torch.get_num_threads()
     try:
         run(args)
     except (AnalyzeError, ValueError, FileNotFoundError) as err:
         print(f"study analyze: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run only (main may be called in-process)
     return 0
 
 

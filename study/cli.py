@@ -6,6 +6,7 @@
 
     study sweep --config configs/sweeps/default.yaml [--quick]    the study's grid of runs, then its report
     study report logs/<sweep>                                      findings table and figures from the logs
+    study analyze --model <hub | dir | .ckpt> --text <file | shakespeare>   the paper's Algorithms 1-5
     study bench [--quick]                                          speed and memory against stock transformers
 
 Verbs other than LightningCLI's are modules with their own `main(argv)` (`VERBS`), imported only when used.
@@ -23,7 +24,12 @@ from study.data import TextDataModule
 from study.model import GPT2Module
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
-VERBS: dict[str, str] = {"sweep": "study.sweep", "report": "study.report", "bench": "study.bench"}
+VERBS: dict[str, str] = {
+    "sweep": "study.sweep",
+    "report": "study.report",
+    "analyze": "study.analysis.cli",
+    "bench": "study.bench",
+}
 
 
 class StudyCLI(LightningCLI):

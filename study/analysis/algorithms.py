@@ -7,11 +7,12 @@ Conventions (shared by every function here):
   about (per-head values by default; hidden states broadcast over heads as an option).
 - Per-row outputs are (..., L, G) for a grid of G values of N, NaN where the statistic is undefined
   (N > n_t, or no key outside the top N where one is needed).
-- Everything is computed from ONE descending sort per row: the rank of each key gives membership of the
+- Everything is computed from ONE descending ranking per row (`topk` of the largest N on an exact
+  integer key, ties broken by position as a stable sort would): the rank of each key gives membership of the
   top-N set for every N at once, and |alpha_i x_i - s|^2 = |alpha_i x_i|^2 - 2 alpha_i x_i.s + |s|^2 turns the
   per-key distances into a matrix product (no (rows, L, D) tensor is ever formed).
 - Rows are processed in chunks sized by `budget` (elements per temporary) so L = 1024 with 12 heads stays
-  well under 2 GB.
+  well under 2 GB; a chunk ending at row t1 only touches key columns 0..t1-1 (the causal triangle).
 
 Reconstructed formulas (the paper's display equations were lost; see shared/paper.md) are named
 `(recon)` below and in the result dictionaries.
@@ -74,26 +75,44 @@ def _flatten(weights: torch.Tensor, x: torch.Tensor | None = None):
     return lead, w, xs
 
 
+ROW_BLOCKS = 6  # row chunks are at most L / ROW_BLOCKS rows: chunk k only needs key columns 0..t1 (the triangle)
+
+
 def _chunk(length: int, width: int, budget: int) -> int:
-    return max(1, min(length, budget // max(1, length * width)))
+    """Rows per chunk: within `budget` elements per (rows, width, L) temporary, and at most L / ROW_BLOCKS (at
+    least 64) so that truncating each chunk's columns at its last row skips most of the masked upper triangle."""
+    cap = max(64, -(-length // ROW_BLOCKS))
+    return max(1, min(length, cap, budget // max(1, length * width)))
 
 
-def _descending_ranks(a: torch.Tensor, visible: torch.Tensor):
-    """One stable descending sort per row; invisible keys sort last. Returns (order, rank)."""
-    key = a.masked_fill(~visible, -math.inf)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(a.shape[-1], device=a.device).expand_as(order))
-    return order, rank
+def _top_ranks(a: torch.Tensor, visible: torch.Tensor, k: int):
+    """The k largest visible weights of each row in descending order, ties broken by position (as a stable sort).
+
+    Returns (top, rank): top (C, k) key indices in rank order, and rank (C, L) with each top key's rank and L
+    for every other key. float32 rows use `topk` on an exact int64 key (order-preserving float bits, then the
+    position), which is much cheaper than a full sort when k << L; other dtypes use one stable sort.
+    """
+    C, L = a.shape
+    if a.dtype == torch.float32:
+        bits = (a + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone in the float value (negative floats flipped)
+        key = (bits.to(torch.int64) << 32) - torch.arange(L, device=a.device)
+        key = key.masked_fill(~visible, torch.iinfo(torch.int64).min)
+        top = key.topk(k, dim=-1, sorted=True).indices if k < L else key.sort(dim=-1, descending=True).indices
+    else:
+        top = torch.sort(a.masked_fill(~visible, -math.inf), dim=-1, descending=True, stable=True).indices[:, :k]
+    rank = torch.full((C, L), L, dtype=torch.long, device=a.device)
+    rank.scatter_(-1, top, torch.arange(k, device=a.device).expand(C, k))
+    return top, rank
 
 
 def _distances_to(a: torch.Tensor, x: torch.Tensor, xn2: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """|alpha_i x_i - s_g| for rows a (C, L), vectors x (L, D), centres s (C, ..., D) -> (C, ..., L)."""
-    dots = s @ x.T  # x_i . s
     shape = (a.shape[0],) + (1,) * (s.ndim - 2) + (a.shape[1],)
-    a = a.reshape(shape)
-    sq = (a * a) * xn2 - 2 * a * dots + (s * s).sum(-1, keepdim=True)
-    return sq.clamp_min(0).sqrt()
+    # |a x - s|^2 = a^2 |x|^2 - 2 a x.s + |s|^2, with x.s from one matrix product; in place after that.
+    sq = (s @ x.T).mul_((-2 * a).reshape(shape))
+    sq.add_(((a * a) * xn2).reshape(shape)).add_((s * s).sum(-1, keepdim=True))
+    return sq.clamp_min_(0).sqrt_()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -127,75 +146,94 @@ def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
         names.append("mc_expectation")
     out = {k: torch.full((P, L, G), math.nan, dtype=dt, device=dev) for k in names}
     gen = torch.Generator(device=dev).manual_seed(seed)
-    width = max(G * (max(mc_samples, 1) + 2), xs.shape[-1], max(ns) if bound else 1)
+    # d1 needs the top-n_max keys' squared distances to every key (for every N at once, see below).
+    n_max = max([n for n in ns if n < L], default=0) if bound else 0
+    width = G * (mc_samples + 4) + 2 * n_max + 4
     C = _chunk(L, width, budget)
     pos = torch.arange(L, device=dev)
+    nt_f = nt.to(dt)
     for p in range(P):
         xp = xs[p]
         xn2 = (xp * xp).sum(-1)
-        xnorm = xn2.sqrt()
-        pair = torch.cdist(xp, xp, compute_mode="donot_use_mm_for_euclid_dist") if bound else None
+        if bound:
+            xnorm = xn2.sqrt()
+            # Squared pairwise distances from the Gram matrix; only maxima are used (d1 is the largest distance,
+            # so the cancellation of |x|^2 + |y|^2 - 2 x.y does not matter there), sqrt of the maxima only.
+            sqpair = (xn2[:, None] + xn2[None, :]).sub_(xp @ xp.T, alpha=2).clamp_min_(0)
         for t0 in range(0, L, C):
             t1 = min(L, t0 + C)
-            a = w[p, t0:t1]
+            # Keys after the chunk's last row are invisible to all its rows: work on columns 0..t1-1 only
+            # (the causal triangle, about half the work of full rows).
+            Lc = t1
+            xc, x2c = xp[:Lc], xn2[:Lc]
             n = pos[t0:t1] + 1  # visible count of each row
-            visible = pos[None, :] < n[:, None]
-            a = a.masked_fill(~visible, 0.0)
-            order, rank = _descending_ranks(a, visible)
-            member = rank[:, None, :] < nt[None, :, None]  # (C, G, L): i in I_N
+            visible = pos[None, :Lc] < n[:, None]
+            a = w[p, t0:t1, :Lc].masked_fill(~visible, 0.0)
+            k = min(max(ns), Lc)
+            order, rank = _top_ranks(a, visible, k)
+            rk = rank[:, None, :]
+            member = rk < nt[None, :, None]  # (C, G, L): i in I_N
+            outside = ~member & visible[:, None, :]
             aw = a[:, None, :] * member
-            s = aw @ xp  # (C, G, D) top-N context vectors
-            dist = _distances_to(a, xp, xn2, s)
-            outside = visible[:, None, :] & ~member
+            s = aw @ xc  # (C, G, D) top-N context vectors
+            dist = _distances_to(a, xc, x2c, s)
             d_out = (dist * outside).sum(-1)
-            total = a @ xp  # full context vector (C, D)
+            total = a @ xc  # full context vector (C, D)
             n_f = n.to(dt)[:, None]
-            n_out = (n_f - nt[None, :].to(dt))
+            n_out = n_f - nt_f[None, :]
+            # sum_{i not in I_N} (alpha_i x_i - s) = (total - s) - (n - N) s
             d_in = (total[:, None, :] - s - n_out[..., None] * s).norm(dim=-1)
             A = aw.sum(-1)
             valid = n[:, None] >= nt[None, :]
 
             # Closed-form expectation over a uniformly random I_N (recon): with c = N/(n-1),
-            # alpha_i x_i - c sum_{j != i} alpha_j x_j = (1 + c) alpha_i x_i - c * total.
-            c = nt[None, :].to(dt) / (n_f - 1).clamp_min(1)
-            xt = total @ xp.T  # (C, L): x_i . total
-            sq = ((1 + c)[..., None] ** 2) * (a * a * xn2)[:, None, :] \
-                - 2 * (c * (1 + c))[..., None] * (a * xt)[:, None, :] \
-                + (c ** 2)[..., None] * (total * total).sum(-1)[:, None, None]
-            e_terms = (sq.clamp_min(0).sqrt() * visible[:, None, :]).sum(-1)
+            # alpha_i x_i - c sum_{j != i} alpha_j x_j = (1 + c) alpha_i x_i - c * total, and
+            # |(1 + c) a_i x_i - c total|^2 = (1+c)^2 a_i^2 |x_i|^2 - 2 c (1+c) a_i x_i.total + c^2 |total|^2.
+            c = (nt_f[None, :] / (n_f - 1).clamp_min(1))[..., None]  # (C, G, 1)
+            xt = total @ xc.T  # (C, L): x_i . total
+            axx = a * a * x2c  # zero on invisible keys
+            sq = torch.addcmul((c * c) * (total * total).sum(-1)[:, None, None], (1 + c) ** 2, axx[:, None, :])
+            sq = sq.addcmul_(-2 * c * (1 + c), (a * xt)[:, None, :])
+            e_terms = (sq.clamp_min_(0).sqrt_() * visible[:, None, :]).sum(-1)
             expectation = n_out / n_f * e_terms
 
             res = {"d_sum_outside": d_out, "d_norm_of_sum": d_in, "expectation": expectation, "top_mass": A}
             if bound:
                 # max_{j in I_N} |x_j|: running max of the norms in rank order.
-                max_top = torch.cummax(xnorm[order], dim=-1).values.gather(
-                    1, (nt - 1)[None, :].expand(len(n), G))
-                d1 = torch.zeros_like(A)
-                for g, N in enumerate(ns):
-                    if N == L:
-                        continue
-                    # Whole rows of the pairwise matrix for the top-N keys (a fast row gather), then a max
-                    # over the visible keys outside I_N.
-                    q = pair[order[:, :N]]  # (C, N, L)
-                    q = q.masked_fill(~outside[:, g, None, :], -math.inf)
-                    d1[:, g] = q.amax(dim=(1, 2)).clamp_min(0)  # no key outside I_N: d1 = 0 (bound = 0)
+                max_top = torch.cummax(xnorm[order], dim=-1).values[:, (nt - 1).clamp_max(k - 1)]
+                if n_max > 0:
+                    # d1(N) = max over j in I_N, i outside I_N of |x_i - x_j|, for every N at once: the rows of
+                    # the squared pairwise matrix for the top-n_max keys in rank order, maxima over the segments
+                    # between consecutive N of the grid, a running max over segments (row N = max over the top N
+                    # keys' rows), then a max over the keys outside I_N.
+                    rows = sqpair[:, :Lc][order[:, :n_max]]  # (C, <= n_max, Lc)
+                    segs, lo = [], 0
+                    for N in ns:
+                        hi = min(N, rows.shape[1])
+                        seg = rows[:, lo:hi].amax(1) if hi > lo else segs[-1]
+                        segs.append(seg if not segs else torch.maximum(segs[-1], seg))
+                        lo = hi
+                    q = torch.stack(segs, 1)  # (C, G, L)
+                    d1 = q.masked_fill_(~outside, -1.0).amax(-1).clamp_min_(0).sqrt_()  # none outside: d1 = 0
+                else:
+                    d1 = torch.zeros_like(A)
                 res["bound"] = (1 - A) * d1 + (n_out * A - (1 - A)) * max_top
                 res["d1"] = d1
                 res["max_top_norm"] = max_top
             if mc_samples > 0:
                 # Uniform random subsets: a random permutation of the visible keys per (row, sample); its
                 # first N keys are a uniform N-subset for every N at once.
-                noise = torch.rand(len(n), mc_samples, L, generator=gen, device=dev, dtype=dt)
+                noise = torch.rand(len(n), mc_samples, Lc, generator=gen, device=dev, dtype=dt)
                 noise = noise.masked_fill(~visible[:, None, :], 2.0)
-                rrank = torch.empty_like(order[:, None, :].expand(-1, mc_samples, -1))
-                rrank.scatter_(-1, noise.argsort(-1), pos.expand_as(rrank))  # rank of each key in the permutation
+                rrank = torch.empty(len(n), mc_samples, Lc, dtype=torch.long, device=dev)
+                rrank.scatter_(-1, noise.argsort(-1), pos[:Lc].expand_as(rrank))  # rank of each key in the permutation
                 mmember = rrank[:, :, None, :] < nt[None, None, :, None]  # (C, K, G, L)
-                ms = (a[:, None, None, :] * mmember) @ xp
-                mdist = _distances_to(a, xp, xn2, ms)
+                ms = (a[:, None, None, :] * mmember) @ xc
+                mdist = _distances_to(a, xc, x2c, ms)
                 mout = visible[:, None, None, :] & ~mmember
                 res["mc_expectation"] = (mdist * mout).sum(-1).mean(1)
-            for k, v in res.items():
-                out[k][p, t0:t1] = torch.where(valid, v, math.nan)
+            for key, v in res.items():
+                out[key][p, t0:t1] = v.masked_fill_(~valid, math.nan)
     result = {k: v.reshape(*lead, L, G) for k, v in out.items()}
     result["ns"] = ns
     result["valid"] = (pos[:, None] + 1 >= nt[None, :]).expand(*lead, L, G)
@@ -280,14 +318,16 @@ def separability_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int]
         delta_rows = torch.cummin(pair.amin(dim=0), dim=0).values  # (L,), inf for t = 0
         for t0 in range(0, L, C):
             t1 = min(L, t0 + C)
+            Lc = t1  # columns after the chunk's last row are invisible to all its rows
+            xc, x2c = xp[:Lc], xn2[:Lc]
             n = pos[t0:t1] + 1
-            visible = pos[None, :] < n[:, None]
-            a = w[p, t0:t1].masked_fill(~visible, 0.0)
-            _, rank = _descending_ranks(a, visible)
+            visible = pos[None, :Lc] < n[:, None]
+            a = w[p, t0:t1, :Lc].masked_fill(~visible, 0.0)
+            _, rank = _top_ranks(a, visible, min(max(ns), Lc))
             member = rank[:, None, :] < nt[None, :, None]
             aw = a[:, None, :] * member
-            s = aw @ xp
-            dist = _distances_to(a, xp, xn2, s)  # (C, G, L)
+            s = aw @ xc
+            dist = _distances_to(a, xc, x2c, s)  # (C, G, Lc)
             outside = visible[:, None, :] & ~member
             r = dist.masked_fill(~outside, math.inf).amin(-1)  # (C, G)
             n_s = ((dist < r[..., None]) & member).sum(-1).to(dt)
@@ -331,11 +371,14 @@ def _causal_softmax(logits: torch.Tensor, visible: torch.Tensor, temperature: fl
 @torch.no_grad()
 def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
                          epsilons: Sequence[float] = (1e-3, 1e-1, 10.0), *, seed: int = 0,
-                         dtype: torch.dtype = torch.float64) -> dict:
-    """Algorithm 5: g(T, eps) = |softmax((l + eps v)/T) - softmax(l/T)|_2 / eps per causal row.
+                         dtype: torch.dtype = torch.float64, normalize=None) -> dict:
+    """Algorithm 5: g(T, eps) = |f((l + eps v)/T) - f(l/T)|_2 / eps per causal row, f = softmax by default.
 
     v is a random unit vector over each row's visible keys (seeded). Computed in float64 by default
-    because the differences are tiny at small eps. Returns "g" (..., L, nT, nE), "temperatures", "epsilons".
+    because the differences are tiny at small eps. `normalize`, if given, is the map f: it takes causal
+    scores (B', H, L, L) (already divided by T) and returns weights; then `logits` must be (B, H, L, L) and f
+    sees one batch item with all heads at once (per-head normaliser parameters broadcast). Finite differences
+    work for any map (sparsemax, entmax, ssmax, ...). Returns "g" (..., L, nT, nE), "temperatures", "epsilons".
     """
     temperatures = check_temperatures(temperatures)
     epsilons = [float(e) for e in epsilons]
@@ -344,18 +387,48 @@ def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
             raise ValueError(f"epsilon must be > 0, got eps={e}")
     lead, w, _ = _flatten(logits)
     P, L, _ = w.shape
+    if normalize is not None:
+        if logits.ndim != 4:
+            raise ValueError(f"with a normaliser, logits must be (B, H, L, L), got shape {tuple(logits.shape)}")
+        heads = logits.shape[1]
+    else:
+        heads = 1
     gen = torch.Generator(device=w.device).manual_seed(seed)
     visible = torch.ones(L, L, dtype=torch.bool, device=w.device).tril()
     g = torch.empty(P, L, len(temperatures), len(epsilons), dtype=dtype, device=w.device)
-    for p in range(P):
-        lp = w[p].to(dtype)
-        v = torch.randn(L, L, generator=gen, device=w.device, dtype=dtype).masked_fill(~visible, 0.0)
+    # Heads are processed together (one batch item's worth when a normaliser needs the head axis), in chunks
+    # that keep each float64 (L, L) stack near 64 MB.
+    step = heads if normalize is not None else max(1, min(P, (1 << 23) // (L * L)))
+    pos = torch.arange(L, device=w.device)
+    for p0 in range(0, P, step):
+        p1 = min(P, p0 + step)
+        lp = w[p0:p1].to(dtype)
+        # One (L, L) draw per head in order: the same directions as drawing head by head.
+        v = torch.stack([torch.randn(L, L, generator=gen, device=w.device, dtype=dtype) for _ in range(p1 - p0)])
+        v = v.masked_fill(~visible, 0.0)
         v = v / v.norm(dim=-1, keepdim=True)
-        for i, T in enumerate(temperatures):
-            a = _causal_softmax(lp, visible, T)
-            for j, eps in enumerate(epsilons):
-                b = _causal_softmax(lp + eps * v, visible, T)
-                g[p, :, i, j] = (b - a).norm(dim=-1) / eps
+        if normalize is not None:
+            # A normaliser sees whole causal rows (its mask is the (L, L) triangle).
+            for i, T in enumerate(temperatures):
+                a = normalize((lp / T)[None])[0]
+                for j, eps in enumerate(epsilons):
+                    b = normalize(((lp + eps * v) / T)[None])[0]
+                    g[p0:p1, :, i, j] = (b - a).norm(dim=-1) / eps
+            continue
+        # Softmax: row blocks, each over key columns 0..t1-1 only (the causal triangle, about half the work).
+        rows = max(64, -(-L // ROW_BLOCKS))
+        for t0 in range(0, L, rows):
+            t1 = min(L, t0 + rows)
+            vis = pos[t0:t1, None] >= pos[None, :t1]
+            # -inf on masked keys once: every causal row keeps its diagonal key, so no row is fully masked, v is
+            # 0 there (-inf + eps * 0 = -inf) and dividing -inf by T cannot overflow. Softmax gives exact zeros.
+            lb = lp[:, t0:t1, :t1].masked_fill(~vis, -math.inf)
+            vb = v[:, t0:t1, :t1]
+            for i, T in enumerate(temperatures):
+                a = torch.softmax(lb / T, dim=-1)
+                for j, eps in enumerate(epsilons):
+                    b = torch.softmax(torch.add(lb, vb, alpha=eps).div_(T), dim=-1)
+                    g[p0:p1, t0:t1, i, j] = torch.linalg.vector_norm(b.sub_(a), dim=-1).div_(eps)
     return {"g": g.reshape(*lead, L, len(temperatures), len(epsilons)),
             "temperatures": temperatures, "epsilons": epsilons}
 
@@ -395,7 +468,9 @@ def dilution_stats(weights: torch.Tensor) -> dict:
     """Lemma 1 per causal row: max weight, and n * min / n * max weight over the n visible keys.
 
     A length-independent normaliser keeps C1 <= n alpha_i <= C2; the max weight then decays like 1/n.
-    Returns (..., L) tensors max_weight, scaled_min, scaled_max, and "visible" (n per row).
+    Returns (..., L) tensors max_weight, scaled_min, scaled_max, entropy (nats, with 0 log 0 = 0, so sparse
+    rows with exact zeros are fine; rows that do not sum to 1, e.g. self_adjust, are renormalised over their
+    non-negative part first), and "visible" (n per row).
     """
     lead, w, _ = _flatten(weights)
     L = w.shape[-1]
@@ -404,5 +479,9 @@ def dilution_stats(weights: torch.Tensor) -> dict:
     n = (pos + 1).to(w.dtype)[:, None]
     wmax = w.masked_fill(~visible, -math.inf).amax(-1)
     wmin = w.masked_fill(~visible, math.inf).amin(-1)
-    return {"max_weight": wmax.reshape(*lead, L), "scaled_min": (n[:, 0] * wmin).reshape(*lead, L),
+    p = w.masked_fill(~visible, 0.0).clamp_min(0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    entropy = -torch.special.xlogy(p, p).sum(-1)
+    return {"entropy": entropy.reshape(*lead, L),
+            "max_weight": wmax.reshape(*lead, L), "scaled_min": (n[:, 0] * wmin).reshape(*lead, L),
             "scaled_max": (n[:, 0] * wmax).reshape(*lead, L), "visible": (pos + 1).tolist()}

@@ -2,9 +2,16 @@
 
 The model runs once with a private attention implementation registered through
 `transformers.AttentionInterface`. The function records the query/key/value tensors it receives (so
-for Llama-style models q and k are already rotated by RoPE) and then delegates to the stock SDPA
-forward, so the model's outputs are unchanged. Logits l = q.k * scaling are formed lazily, one layer
-at a time, so an L x L matrix per head exists for one layer only.
+for Llama-style models q and k are already rotated by RoPE) and then delegates to the attention the
+layer really runs: the stock SDPA forward, or, for a layer switched by `study.attention.apply_attention_spec`,
+the project's `attend` under the layer's spec (normaliser, temperature, top-k). The model's outputs are
+therefore unchanged. Logits l = q.k * scaling are formed lazily, one layer at a time, so an L x L matrix
+per head exists for one layer only.
+
+Weights: `AttentionCapture.weights` applies each layer's own normaliser (its `study_normalizer` module, with
+the spec's temperature and top-k selection) to the captured logits, computed exactly as `attend` computes
+them, so the analysed weights are the weights the model uses (sparse maps give exact zeros). Layers without
+a spec are stock softmax at T = 1.
 """
 
 from __future__ import annotations
@@ -13,9 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from study.attention import hf as _study_hf
+from study.attention.normalizers import NORMALIZERS, top_k_allowed
+from study.attention.spec import STOCK, AttentionSpec
 
 CAPTURE_IMPLEMENTATION = "study_analysis_capture"
 
@@ -38,6 +50,14 @@ def _capture_attention(module, query, key, value, attention_mask, dropout=0.0, s
             repeat_kv(key.detach(), n_rep),
             repeat_kv(value.detach(), n_rep),
             float(scaling),
+            getattr(module, "study_spec", None),
+            getattr(module, "study_normalizer", None),
+        )
+    if hasattr(module, "study_spec"):
+        # The layer runs under an AttentionSpec: delegate to the project's attention so the forward pass (and
+        # therefore every later layer's q, k, v) is the model's own.
+        return _study_hf._attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -66,6 +86,8 @@ class AttentionCapture:
 
     queries/keys/values[layer]: (B, H, L, Dh), keys and values expanded to the query heads.
     scalings[layer]: the factor the model multiplies q.k by (1/sqrt(Dh) for GPT-2).
+    specs[layer], normalizers[layer]: the layer's `AttentionSpec` and normaliser module when the model was
+        switched by `apply_attention_spec` (None: stock softmax at T = 1).
     hidden_states: the model's hidden states (embeddings, then each block's output) if requested;
         hidden_states[layer] is the residual stream entering block `layer`.
     """
@@ -76,6 +98,24 @@ class AttentionCapture:
     scalings: list[float]
     hidden_states: list[torch.Tensor] | None = None
     meta: dict = field(default_factory=dict)
+    specs: list[AttentionSpec | None] = field(default_factory=list)
+    normalizers: list[nn.Module | None] = field(default_factory=list)
+
+    def spec(self, layer: int) -> AttentionSpec:
+        """The spec layer `layer` runs (stock softmax when the model carries none)."""
+        spec = self.specs[layer] if layer < len(self.specs) else None
+        return spec if spec is not None else STOCK
+
+    def normalizer(self, layer: int) -> nn.Module:
+        """The layer's normaliser module (built from its spec when the model carries none)."""
+        norm = self.normalizers[layer] if layer < len(self.normalizers) else None
+        if norm is None:
+            norm = NORMALIZERS[self.spec(layer).normalizer].from_spec(self.spec(layer), num_heads=self.n_heads)
+        return norm
+
+    def is_softmax(self, layer: int) -> bool:
+        """True when the layer's weights are plain softmax of logits / T over all visible keys."""
+        return self.spec(layer).is_stock_softmax
 
     @property
     def n_layers(self) -> int:
@@ -96,14 +136,38 @@ class AttentionCapture:
         k = self.keys[layer][:, :, :n].to(dtype)
         return (q @ k.transpose(-1, -2)) * self.scalings[layer]
 
-    def weights(self, layer: int, length: int | None = None, temperature: float = 1.0,
+    def weights(self, layer: int, length: int | None = None, temperature: float | None = None,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Causal softmax weights softmax(l / T) for one layer, (B, H, L, L), zeros above the diagonal."""
-        logits = self.logits(layer, length, dtype) / temperature
-        n = logits.shape[-1]
-        causal = torch.ones(n, n, dtype=torch.bool, device=logits.device).tril()
-        logits = logits.masked_fill(~causal, torch.finfo(dtype).min)
-        return torch.softmax(logits, dim=-1).masked_fill(~causal, 0.0)
+        """The layer's attention weights (B, H, L, L), zeros above the diagonal.
+
+        temperature=None: exactly the weights the model uses (its normaliser, the spec's temperature and
+        top-k), computed as `study.attention.attend` computes them. A number replaces the layer's temperature.
+        """
+        spec = self.spec(layer)
+        T = spec.temperature if temperature is None else float(temperature)
+        n = self.length if length is None else length
+        q = self.queries[layer][:, :, :n].to(dtype)
+        k = self.keys[layer][:, :, :n].to(dtype)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.scalings[layer] / T)
+        return self.normalize(layer, scores)
+
+    @torch.no_grad()
+    def normalize(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        """Apply layer `layer`'s normaliser and top-k selection to causal scores (..., L, L) (already / T)."""
+        spec = self.spec(layer)
+        n = scores.shape[-1]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        if spec.is_stock_softmax:
+            z = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            return torch.softmax(z, dim=-1).masked_fill(~allowed, 0.0)
+        norm = self.normalizer(layer)
+        param = next(iter(norm.parameters()), next(iter(norm.buffers()), None))
+        if param is not None and (param.dtype != scores.dtype or param.device != scores.device):
+            import copy
+
+            norm = copy.deepcopy(norm).to(device=scores.device, dtype=scores.dtype)
+        selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
+        return norm(scores, selected, visible=allowed.expand_as(scores))
 
     def vectors(self, layer: int, kind: str = "value", length: int | None = None,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -151,7 +215,10 @@ def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = F
     _ACTIVE = {}
     try:
         with _implementation(model, CAPTURE_IMPLEMENTATION):
-            out = model(input_ids=input_ids, output_hidden_states=hidden_states, use_cache=False)
+            # The base model (no LM head): the attention inputs and hidden states are the same, and GPT-2's
+            # 50257 x 768 head is about a sixth of the forward pass at L = 1024.
+            runner = getattr(model, "base_model", None) or model
+            out = runner(input_ids=input_ids, output_hidden_states=hidden_states, use_cache=False)
         recorded = _ACTIVE
     finally:
         _ACTIVE = None
@@ -169,4 +236,6 @@ def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = F
         scalings=[recorded[i][3] for i in layers],
         hidden_states=hs,
         meta={"model": type(model).__name__, "model_type": getattr(model.config, "model_type", None)},
+        specs=[recorded[i][4] for i in layers],
+        normalizers=[recorded[i][5] for i in layers],
     )

@@ -82,12 +82,13 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             separability_ns: Sequence[int] | None = None, temperatures: Sequence[float] | None = None,
             epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 4,
             alphas: Sequence[float] = (0.01, 0.05), spectral_rows: int = 32, seed: int = 0,
-            dtype: torch.dtype = torch.float32) -> dict:
+            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None) -> dict:
     """Capture the model's attention on `input_ids` (B, L) and run Algorithms 1-5 and Lemma 1.
 
     Returns plain Python (JSON-serialisable) results: every per-head number, the aggregates, and the
     choices made (vectors, distance reading, alpha values, reconstructions). The longest length is
-    input_ids.shape[1]; `lengths` must lie in [1, that].
+    input_ids.shape[1]; `lengths` must lie in [1, that]. `layers` restricts the analyses to those layer
+    indices (all by default); per-layer arrays follow `choices["layers"]`.
     """
     if vectors not in ("value", "hidden"):
         raise ValueError(f"vectors must be 'value' or 'hidden', got {vectors!r}")
@@ -121,16 +122,34 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
 
     started = time.perf_counter()
     cap = capture_attention(model, input_ids, hidden_states=(vectors == "hidden"))
-    n_layers, n_heads = cap.n_layers, cap.n_heads
+    n_heads = cap.n_heads
+    if layers is None:
+        layers = list(range(cap.n_layers))
+    else:
+        layers = sorted({int(i) for i in layers})
+        bad = [i for i in layers if not 0 <= i < cap.n_layers]
+        if bad or not layers:
+            raise ValueError(f"layers {bad or layers} not in the model, which has layers 0..{cap.n_layers - 1}")
     gi = dist_ns.index(n_fixed)
     alg1 = {k: [] for k in ("d_sum_outside", "d_norm_of_sum", "bound", "expectation", "mc_expectation")}
     alg2 = {k: [] for k in alg1}
     crit_d, crit_e = [], []
     alg4 = {k: [] for k in ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")}
     g_heads, spec_mean, spec_max = [], [], []
-    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max")}
+    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max", "entropy")}
     spectral_idx = torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long())
-    for layer in range(n_layers):
+    seconds = dict.fromkeys(("capture", "alg1_2_distance", "alg3_critical", "alg4_separability",
+                             "alg5_gradient", "lemma1_dilution"), 0.0)
+    seconds["capture"] = time.perf_counter() - started
+    clock = [time.perf_counter()]
+
+    def lap(name):
+        now = time.perf_counter()
+        seconds[name] += now - clock[0]
+        clock[0] = now
+
+    for layer in layers:
+        clock[0] = time.perf_counter()
         w = cap.weights(layer, dtype=dtype)
         x = cap.vectors(layer, vectors, dtype=dtype)
         d = A.distance_stats(w, x, dist_ns, mc_samples=mc_samples, seed=seed + layer)
@@ -140,9 +159,11 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             pm = _prefix_means(d[k], lengths)  # (nL, G, H)
             alg1[k].append(pm[:, gi])  # (nL, H)
             alg2[k].append(pm[-1, [dist_ns.index(n) for n in ns_fixed_l]])  # (len(ns), H)
+        lap("alg1_2_distance")
         c = A.distance_stats(w, x, crit_ns, bound=False)
         crit_d.append(_prefix_means(c["d_sum_outside"], lengths))
         crit_e.append(_prefix_means(c["expectation"], lengths))
+        lap("alg3_critical")
         s = A.separability_stats(w, x, sep_ns)
         for k in ("ratio", "lower", "upper", "xi_clamped"):
             alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
@@ -151,8 +172,12 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         alg4["within_bounds"].append(_prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0])
         alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
         alg4["radius"].append(s["radius"].mean(0))
+        lap("alg4_separability")
         logits = cap.logits(layer, dtype=dtype)
-        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer)["g"]
+        # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
+        # layer's own map (normaliser and top-k) at each probe temperature.
+        normalize = None if cap.is_softmax(layer) else (lambda z, layer=layer: cap.normalize(layer, z))
+        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer, normalize=normalize)["g"]
         g_heads.append(g.mean(dim=(0, 2)))  # (H, nT, nE)
         causal = torch.ones(max_len, max_len, dtype=torch.bool).tril()[spectral_idx]
         rows = logits[:, :, spectral_idx].double()
@@ -160,10 +185,12 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in temperatures], -1)
         spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
         spec_max.append(norms.amax(dim=(0, 2)))
+        lap("alg5_gradient")
         dl = A.dilution_stats(w)
         for k in dil:
             dil[k].append(dl[k][:, :, [n - 1 for n in lengths]].double().mean(0))  # (H, nL)
         del w, x, logits
+        lap("lemma1_dilution")
 
     # Algorithm 3 over all heads of all layers.
     crit_d = torch.cat(crit_d, dim=-1)  # (nL, G, layers * heads)
@@ -177,6 +204,9 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
         alg3.append(res)
 
+    specs = [cap.spec(layer) for layer in layers]
+    normalizers = sorted({sp.normalizer for sp in specs})
+    all_softmax = all(sp.is_stock_softmax for sp in specs)
     g_all = torch.stack(g_heads)  # (layers, H, nT, nE)
     g_max = g_all.flatten(0, 1).amax(0)  # (nT, nE): max over heads
     tt = torch.tensor(temperatures, dtype=torch.float64)
@@ -191,15 +221,22 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             "alphas": list(alphas),
             "n_fixed": n_fixed, "lengths": lengths, "ns": ns_fixed_l, "critical_ns": crit_ns,
             "separability_ns": sep_ns, "temperatures": temperatures, "epsilons": epsilons,
-            "mc_samples": mc_samples, "seed": seed, "dtype": str(dtype), "spectral_rows": spectral_idx.tolist(),
+            "mc_samples": mc_samples, "seed": seed, "layers": layers, "dtype": str(dtype), "spectral_rows": spectral_idx.tolist(),
             "sphere_radius": "M = mean norm of the head's vectors over positions (per batch item and head)",
             "token_average": "rows where the statistic is defined (visible >= N; > N for separability), batch pooled",
             "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
+            "weights": "each layer's own attention weights: its normaliser, temperature and top-k "
+                       "(the spec set by apply_attention_spec; stock softmax at T = 1 without one)",
+            "gradient_probe": "softmax((l + eps v)/T) (the paper's probe)" if all_softmax else
+            "finite differences through each layer's own normaliser and top-k at probe temperature T "
+            "(softmax layers: the paper's softmax probe); the spectral norms are of the softmax Jacobian at "
+            "the same logits, a reference only for non-softmax layers",
             "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
                                 "Theorem 2 xi, lower and upper bounds"],
         },
-        "model": {**cap.meta, "layers": n_layers, "heads": n_heads, "batch": int(input_ids.shape[0]),
-                  "max_length": max_len, "context": limit},
+        "model": {**cap.meta, "layers": cap.n_layers, "heads": n_heads, "batch": int(input_ids.shape[0]),
+                  "max_length": max_len, "context": limit, "normalizers": normalizers,
+                  "attention": [{"layer": i, **sp.as_hparams()} for i, sp in zip(layers, specs)]},
         # Per head arrays are indexed [layer][length or N][head].
         "alg1_distance_vs_length": {k: _plain(stack(v)) for k, v in alg1.items() if v},
         "alg2_distance_vs_n": {k: _plain(stack(v)) for k, v in alg2.items() if v},
@@ -215,6 +252,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         },
         "lemma1_dilution": {k: _plain(stack(v)) for k, v in dil.items()},  # [layer][head][length]
         "seconds": time.perf_counter() - started,
+        "seconds_by_step": seconds,
     }
     results["claims"] = compare_with_paper(results)
     return results
@@ -286,7 +324,7 @@ def _heads(per_layer: list, index: int) -> list:
     return [v for layer in per_layer for v in layer[index]]
 
 
-def write_outputs(results: dict, out_dir) -> dict:
+def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     """Write results.json, per_head.csv, claims.md and figures (fig2a/2b/2c/3/4 and dilution) to out_dir."""
     import matplotlib
 
@@ -298,36 +336,38 @@ def write_outputs(results: dict, out_dir) -> dict:
     ch = results["choices"]
     paths = {"json": out / "results.json", "csv": out / "per_head.csv", "claims": out / "claims.md"}
     paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False))
+    n_analysed = len(results["lemma1_dilution"]["max_weight"])
+    ids = ch.get("layers") or list(range(n_analysed))  # per-layer arrays are in this order
 
     with paths["csv"].open("w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(["analysis", "metric", "layer", "head", "L", "N", "T", "eps", "value"])
         for metric, per_layer in results["alg1_distance_vs_length"].items():
-            for layer, rows in enumerate(per_layer):
+            for layer, rows in zip(ids, per_layer):
                 for li, vals in enumerate(rows):
                     for head, v in enumerate(vals):
                         wr.writerow(["alg1", metric, layer, head, ch["lengths"][li], ch["n_fixed"], "", "", v])
         for metric, per_layer in results["alg2_distance_vs_n"].items():
-            for layer, rows in enumerate(per_layer):
+            for layer, rows in zip(ids, per_layer):
                 for ni, vals in enumerate(rows):
                     for head, v in enumerate(vals):
                         wr.writerow(["alg2", metric, layer, head, ch["lengths"][-1], ch["ns"][ni], "", "", v])
         for metric, per_layer in results["alg4_separability"].items():
             if metric == "radius":
                 continue
-            for layer, rows in enumerate(per_layer):
+            for layer, rows in zip(ids, per_layer):
                 for ni, vals in enumerate(rows):
                     for head, v in enumerate(vals):
                         wr.writerow(["alg4", metric, layer, head, ch["lengths"][-1], ch["separability_ns"][ni],
                                      "", "", v])
-        for layer, heads in enumerate(results["alg5_gradient"]["g_per_head"]):
+        for layer, heads in zip(ids, results["alg5_gradient"]["g_per_head"]):
             for head, per_t in enumerate(heads):
                 for ti, per_e in enumerate(per_t):
                     for ei, v in enumerate(per_e):
                         wr.writerow(["alg5", "g", layer, head, ch["lengths"][-1], "", ch["temperatures"][ti],
                                      ch["epsilons"][ei], v])
         for metric, per_layer in results["lemma1_dilution"].items():
-            for layer, heads in enumerate(per_layer):
+            for layer, heads in zip(ids, per_layer):
                 for head, vals in enumerate(heads):
                     for li, v in enumerate(vals):
                         wr.writerow(["lemma1", metric, layer, head, ch["lengths"][li], "", "", "", v])
@@ -338,6 +378,8 @@ def write_outputs(results: dict, out_dir) -> dict:
     lines += ["", f"vectors: {ch['vectors']} ({ch['vector_note']}); distance reading: {ch['distance_reading']}; "
               f"KS alphas: {ch['alphas']}; reconstructed formulas: {', '.join(ch['reconstructions'])}."]
     paths["claims"].write_text("\n".join(lines) + "\n")
+    if not figures:
+        return {k: str(v) for k, v in paths.items()}
 
     a1 = results["alg1_distance_vs_length"]
     fig, ax = plt.subplots(figsize=(8, 4.5))

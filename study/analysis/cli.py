@@ -1,0 +1,404 @@
+"""`study analyze`: the paper's analyses (Algorithms 1-5, Lemma 1) on a model and a text, from the command line.
+
+    study analyze --model <hub name | local HF dir | GPT2Module .ckpt> --text <file | shakespeare>
+                  [--tokenizer gpt2|DIR] [--lengths L ...] [--ns N ...] [--temperatures T ...]
+                  [--vectors value|hidden] [--out DIR] [--max-length L] [--layers I ...]
+                  [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S] [--threads N]
+
+Everything cheap is checked first (numbers, files, the text, the model's context from its config) so that a
+bad value fails with a message naming it before the model runs. Results go to --out (default
+logs/analysis/<model name>/; an existing folder is never overwritten: a suffix -1, -2, ... is added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+class AnalyzeError(ValueError):
+    """A bad input, reported as `error: ...` with exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="study analyze", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True,
+                   help="hub name (e.g. gpt2), a local Hugging Face model directory, or a GPT2Module .ckpt")
+    p.add_argument("--text", required=True, help="a text file, or 'shakespeare' (held-out plays of the embedded corpus)")
+    p.add_argument("--tokenizer", default=None,
+                   help="'gpt2' or a tokenizer directory (default: the model's own, or one saved beside the checkpoint)")
+    p.add_argument("--lengths", type=int, nargs="+", default=None,
+                   help="sequence lengths L for Alg. 1 (default: powers of two from 32 to --max-length)")
+    p.add_argument("--ns", type=int, nargs="+", default=None, help="top-N sizes for Alg. 2 (default: 1 5 10 20 100)")
+    p.add_argument("--n-fixed", type=int, default=5, help="N of Alg. 1 (default: 5)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=None,
+                   help="temperatures of Alg. 5 (default: 17 values, log-spaced 1e-3 ... 10)")
+    p.add_argument("--vectors", choices=("value", "hidden"), default="value",
+                   help="the x_i of the theorems: per-head value vectors or the block's input hidden states")
+    p.add_argument("--out", default=None, help="output folder (default: logs/analysis/<model name>/)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="longest L (default: max of --lengths, else min(model context, 1024))")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="layer indices to analyse (default: all)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--mc-samples", type=int, default=4, help="Monte Carlo subsets per row for E (default: 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's own); 1 is much faster on a shared, busy machine")
+    p.add_argument("--no-figures", dest="figures", action="store_false", help="skip the PNG figures")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to the output folder")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cheap checks
+
+
+def check_numbers(args) -> None:
+    if args.lengths is not None:
+        for n in args.lengths:
+            if n < 1:
+                raise AnalyzeError(f"L must be >= 1, got L={n}")
+    if args.max_length is not None and args.max_length < 1:
+        raise AnalyzeError(f"--max-length must be >= 1, got L={args.max_length}")
+    for n in (args.ns or []) + [args.n_fixed]:
+        if n < 1:
+            raise AnalyzeError(f"N must be >= 1, got N={n}")
+    for t in args.temperatures or []:
+        if not (t > 0 and math.isfinite(t)):
+            raise AnalyzeError(f"temperature must be finite and > 0, got T={t}")
+    if args.threads is not None and args.threads < 1:
+        raise AnalyzeError(f"--threads must be >= 1, got {args.threads}")
+    if args.mc_samples < 0:
+        raise AnalyzeError(f"--mc-samples must be >= 0, got {args.mc_samples}")
+    for i in args.layers or []:
+        if i < 0:
+            raise AnalyzeError(f"layer indices must be >= 0, got layer {i}")
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise AnalyzeError(f"--device must be cpu or cuda, got {args.device!r}")
+
+
+def model_kind(name: str) -> str:
+    """'ckpt', 'dir' or 'hub'; a path that does not exist is an error (not a hub name)."""
+    path = Path(name)
+    if name.endswith(".ckpt"):
+        if not path.is_file():
+            raise AnalyzeError(f"checkpoint not found: {name}")
+        return "ckpt"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise AnalyzeError(f"model directory {name} has no config.json (save it with save_pretrained)")
+        return "dir"
+    if path.exists():
+        raise AnalyzeError(f"--model {name} is a file but not a .ckpt checkpoint")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/", ".bin", ".safetensors")):
+        raise AnalyzeError(f"model not found: {name} (neither a local path nor a hub name)")
+    return "hub"
+
+
+def read_text(spec: str, min_chars: int) -> str:
+    if spec == "shakespeare":
+        from study.data import shakespeare_files
+
+        try:
+            files = shakespeare_files()["validation"]
+        except FileNotFoundError as err:
+            raise AnalyzeError(str(err)) from err
+        parts, size = [], 0
+        for f in files:  # held-out plays: text the embedded default model never trained on
+            parts.append(Path(f).read_text(errors="replace"))
+            size += len(parts[-1])
+            if size >= min_chars:
+                break
+        text = "\n".join(parts)
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise AnalyzeError(f"text file not found: {spec}")
+        text = path.read_text(errors="replace")
+    if not text.strip():
+        raise AnalyzeError(f"empty text: {spec} has no characters to tokenise")
+    return text
+
+
+def model_name(name: str, kind: str) -> str:
+    path = Path(name)
+    if kind == "ckpt":
+        # runs/<run>/checkpoints/last.ckpt -> <run>-last
+        parent = path.parent.parent.name if path.parent.name == "checkpoints" else path.parent.name
+        return f"{parent}-{path.stem}" if parent else path.stem
+    if kind == "dir":
+        return path.resolve().name
+    return name.replace("/", "--")
+
+
+def fresh_dir(path: Path) -> Path:
+    """`path` if it does not exist, else path-1, path-2, ... (never overwrite an earlier analysis)."""
+    if not path.exists():
+        return path
+    i = 1
+    while Path(f"{path}-{i}").exists():
+        i += 1
+    return Path(f"{path}-{i}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model and tokenizer
+
+
+def _is_tokenizer_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    if spec == "gpt2":
+        from study.data import gpt2_tokenizer
+
+        return gpt2_tokenizer()
+    if not _is_tokenizer_dir(Path(spec)):
+        raise AnalyzeError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def checkpoint_tokenizer(ckpt: Path, hparams: dict):
+    """The tokenizer a GPT2Module checkpoint was trained with, found beside it; None if none is found.
+
+    Looked for, nearest first, in the checkpoint's folder and up to three folders above it: a folder holding a
+    saved tokenizer (itself, or a sub-folder such as `tokenizer/` or a `save_pretrained` model folder); then the
+    run's `config.yaml` (LightningCLI) `data` section ('gpt2', a tokenizer folder, or corpus-bpe rebuilt from
+    its cache); then the model's `model_name_or_path` when it is a local folder with a tokenizer.
+    """
+    folders = [ckpt.parent, *list(ckpt.parent.parents)[:3]]
+    for folder in folders:
+        if _is_tokenizer_dir(folder):
+            return load_tokenizer(str(folder))
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+            if _is_tokenizer_dir(sub):
+                return load_tokenizer(str(sub))
+    for folder in folders:
+        config = folder / "config.yaml"
+        if config.is_file():
+            import yaml
+
+            data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+            data = data.get("init_args", data)
+            name = data.get("tokenizer")
+            if name == "gpt2" or (name and _is_tokenizer_dir(Path(name))):
+                return load_tokenizer(name)
+            if name == "corpus-bpe":
+                from study.data import TextDataModule
+
+                keys = ("source", "dataset", "dataset_config", "train_files", "val_files", "vocab_size", "cache_dir")
+                return TextDataModule(tokenizer="corpus-bpe", **{k: data[k] for k in keys if k in data}).tokenizer
+    base = hparams.get("model_name_or_path")
+    if base and _is_tokenizer_dir(Path(base)):
+        return load_tokenizer(base)
+    return None
+
+
+def load_model_and_tokenizer(args, kind: str):
+    """(model, tokenizer, context). The model is in eval mode on args.device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if kind == "ckpt":
+        from study.attention import AttentionSpec
+        from study.model import GPT2Module
+
+        # Weights-only unpickling (the safe default) with the one project class the hyperparameters hold.
+        try:
+            with torch.serialization.safe_globals([AttentionSpec]):
+                module = GPT2Module.load_from_checkpoint(args.model, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - report any load failure with the path
+            raise AnalyzeError(f"cannot load checkpoint {args.model} as a GPT2Module: {err}") from err
+        model = module.model  # carries the checkpoint's AttentionSpec (apply_attention_spec in __init__)
+        if args.tokenizer:
+            tok = load_tokenizer(args.tokenizer)
+        else:
+            tok = checkpoint_tokenizer(Path(args.model), dict(module.hparams))
+            if tok is None:
+                raise AnalyzeError(
+                    f"no tokenizer found for checkpoint {args.model}: none saved beside it, no config.yaml naming "
+                    "one; pass --tokenizer gpt2 or --tokenizer DIR")
+    elif kind == "dir":
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        tok_spec = args.tokenizer or args.model
+        if not args.tokenizer and not _is_tokenizer_dir(Path(args.model)):
+            raise AnalyzeError(f"model directory {args.model} holds no tokenizer; pass --tokenizer gpt2 or DIR")
+        tok = load_tokenizer(tok_spec)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model)
+        if args.tokenizer:
+            tok = load_tokenizer(args.tokenizer)
+        elif args.model == "gpt2":
+            tok = load_tokenizer("gpt2")
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.model)
+    if len(tok) <= 1:
+        raise AnalyzeError(f"the tokenizer for {args.model} is empty (offline hub?); pass --tokenizer")
+    embed = model.get_input_embeddings().num_embeddings
+    if len(tok) > embed:
+        raise AnalyzeError(f"the tokenizer has {len(tok)} tokens but the model embeds only {embed}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise AnalyzeError(f"--device {args.device}: CUDA is not available")
+    return model.to(args.device).eval(), tok
+
+
+def config_context(args, kind: str) -> int | None:
+    """The model's context from its config alone (no weights loaded); None when unknown before loading."""
+    if kind != "dir":
+        return None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(args.model)
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
+    """(lengths or None for the default grid, longest L), checked against the context and N."""
+    if args.lengths:
+        longest = max(args.lengths)
+        if args.max_length is not None and args.max_length < longest:
+            raise AnalyzeError(f"L={longest} exceeds --max-length {args.max_length}")
+    else:
+        longest = args.max_length or min(context or 1024, 1024)
+    if context is not None:
+        for n in sorted(set((args.lengths or []) + [longest])):
+            if n > context:
+                raise AnalyzeError(f"L={n} exceeds the model's context of {context} positions")
+    if args.n_fixed > longest:
+        raise AnalyzeError(f"N={args.n_fixed} exceeds L={longest}")
+    if args.lengths and args.n_fixed > min(args.lengths):
+        raise AnalyzeError(f"N={args.n_fixed} exceeds L={min(args.lengths)}")
+    for n in args.ns or []:  # explicit N only: the paper's default grid is filtered to N <= L
+        if n > longest:
+            raise AnalyzeError(f"N={n} exceeds L={longest}")
+    return (sorted(set(args.lengths)) if args.lengths else None), longest
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TensorBoard
+
+
+def write_tensorboard(results: dict, out: Path) -> Path:
+    """Scalars per layer (step = layer index): distance per L, separability per N, gradient g per T, N* per L."""
+    import numpy as np
+    from torch.utils.tensorboard import SummaryWriter
+
+    ch = results["choices"]
+
+    def mean(values):
+        vals = [v for v in values if v is not None]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    writer = SummaryWriter(log_dir=str(out))
+    try:
+        for layer, rows in zip(ch["layers"], results["alg1_distance_vs_length"]["d_sum_outside"]):
+            for length, heads in zip(ch["lengths"], rows):
+                writer.add_scalar(f"analysis/distance/L_{length}", mean(heads), layer)
+        for layer, rows in zip(ch["layers"], results["alg2_distance_vs_n"]["d_sum_outside"]):
+            for n, heads in zip(ch["ns"], rows):
+                writer.add_scalar(f"analysis/distance_vs_n/N_{n}", mean(heads), layer)
+        for layer, rows in zip(ch["layers"], results["alg4_separability"]["ratio"]):
+            for n, heads in zip(ch["separability_ns"], rows):
+                writer.add_scalar(f"analysis/separability/N_{n}", mean(heads), layer)
+        for layer, heads in zip(ch["layers"], results["alg5_gradient"]["g_per_head"]):
+            for ti, t in enumerate(ch["temperatures"]):
+                writer.add_scalar(f"analysis/gradient/T_{t:g}", max(h[ti][0] for h in heads), layer)
+        for layer, heads in zip(ch["layers"], results["lemma1_dilution"]["max_weight"]):
+            for li, length in enumerate(ch["lengths"]):
+                writer.add_scalar(f"analysis/max_weight/L_{length}", mean([h[li] for h in heads]), layer)
+        for res in results["alg3_critical_n"]:
+            for alpha, n_star in res["n_star"].items():
+                if n_star is not None:
+                    writer.add_scalar(f"analysis/critical_n/alpha_{alpha}", n_star, res["length"])
+    finally:
+        writer.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def run(args) -> Path:
+    import torch
+
+    from .run import PAPER_NS, analyze, write_outputs
+
+    check_numbers(args)
+    kind = model_kind(args.model)
+    if args.tokenizer and args.tokenizer != "gpt2" and not _is_tokenizer_dir(Path(args.tokenizer)):
+        raise AnalyzeError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+    lengths, longest = resolve_lengths(args, config_context(args, kind))
+    text = read_text(args.text, min_chars=longest * 12)
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model, tok = load_model_and_tokenizer(args, kind)
+    from .capture import context_length
+
+    context = context_length(model)
+    lengths, longest = resolve_lengths(args, context)  # again, now that the model's context is known
+    if args.layers:
+        n_layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
+        bad = [i for i in args.layers if n_layers is not None and i >= n_layers]
+        if bad:
+            raise AnalyzeError(f"layer {bad[0]} not in the model, which has layers 0..{n_layers - 1}")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise AnalyzeError(f"empty text: {args.text} gives no tokens")
+    if len(ids) < longest:
+        if args.lengths or args.max_length:
+            raise AnalyzeError(f"L={longest} needs {longest} tokens but {args.text} has only {len(ids)}")
+        longest = len(ids)
+        print(f"note: the text has {len(ids)} tokens; analysing up to L={longest}", file=sys.stderr)
+        if args.n_fixed > longest or any(n > longest for n in args.ns or []):
+            raise AnalyzeError(f"N={max([args.n_fixed, *(args.ns or [])])} exceeds L={longest} (the text's token count)")
+    input_ids = torch.tensor(ids[:longest], device=args.device)[None]
+
+    out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(args.model, kind)
+    out = fresh_dir(out)
+    results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
+                      temperatures=args.temperatures, vectors=args.vectors, mc_samples=args.mc_samples,
+                      seed=args.seed, layers=args.layers)
+    results["source"] = {"model": args.model, "model_kind": kind, "text": args.text,
+                         "tokenizer": args.tokenizer or "the model's own", "device": args.device}
+    paths = write_outputs(results, out, figures=args.figures)
+    if args.tensorboard:
+        write_tensorboard(results, out)
+    print(f"analysed {args.model} ({results['model']['layers']} layers, {results['model']['heads']} heads, "
+          f"normalisers {results['model']['normalizers']}) on {longest} tokens in {results['seconds']:.1f} s")
+    print((out / "claims.md").read_text())
+    print(f"outputs in {out}: " + ", ".join(Path(p).name for p in paths.values())
+          + (" + TensorBoard events" if args.tensorboard else ""))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = build_parser().parse_args(argv)
+    threads = torch.get_num_threads()
+    try:
+        run(args)
+    except (AnalyzeError, ValueError, FileNotFoundError) as err:
+        print(f"study analyze: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this run only (main may be called in-process)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

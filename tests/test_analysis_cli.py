@@ -1,0 +1,125 @@
+"""`study analyze` end to end on tiny models saved to tmp (no hub): outputs, tokenizer lookup, input errors."""
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from study.analysis.cli import main
+from study.attention import AttentionSpec
+from tests.conftest import tiny_gpt2_config
+
+WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
+FAST = ["--lengths", "16", "32", "--ns", "1", "5", "--temperatures", "0.01", "0.1", "1", "--mc-samples", "0"]
+
+
+def _tokenizer(folder):
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=300, min_frequency=1,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
+    tok.save_pretrained(folder)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyze")
+    tok = _tokenizer(root / "model")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(copy.deepcopy(tiny_gpt2_config(vocab_size=len(tok))))
+    model.save_pretrained(root / "model")
+    gen = torch.Generator().manual_seed(0)
+    text = root / "text.txt"
+    text.write_text(" ".join(WORDS[i] for i in torch.randint(len(WORDS), (400,), generator=gen)))
+    return root, tok
+
+
+def test_analyze_saved_model_dir_writes_outputs(saved, tmp_path, capsys):
+    root, _ = saved
+    out = tmp_path / "out"
+    assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),
+                 "--tensorboard", "--layers", "1", *FAST]) == 0
+    for name in ("results.json", "per_head.csv", "claims.md", "fig2a_distance_vs_length.png", "fig4_gradient_sensitivity.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert list(out.glob("events.out.tfevents.*")), "no TensorBoard events"
+    res = json.loads((out / "results.json").read_text())
+    assert res["choices"]["layers"] == [1] and res["choices"]["lengths"] == [16, 32]
+    assert res["source"]["model_kind"] == "dir"
+    assert {row.split(",")[2] for row in (out / "per_head.csv").read_text().splitlines()[1:]} == {"1"}
+    assert "| verdict |" in capsys.readouterr().out
+    # A second run never overwrites the first: it gets a suffix.
+    first = (out / "results.json").read_text()
+    assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),
+                 "--layers", "0", "--no-figures", *FAST]) == 0
+    assert (out / "results.json").read_text() == first
+    assert json.loads((tmp_path / "out-1" / "results.json").read_text())["choices"]["layers"] == [0]
+
+
+def test_analyze_checkpoint_uses_its_spec_and_the_tokenizer_beside_it(saved, tmp_path):
+    import lightning
+
+    from study.model import GPT2Module
+
+    root, tok = saved
+    module = GPT2Module(AttentionSpec(normalizer="sparsemax", temperature=0.5), n_layer=2, n_head=4, n_embd=32,
+                        n_positions=64, vocab_size=len(tok))
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": lightning.__version__}, ckpt)
+    args = ["--model", str(ckpt), "--text", str(root / "text.txt"), "--out", str(tmp_path / "a"), "--no-figures", "--threads", "1", *FAST]
+    assert main(args) == 2  # no tokenizer anywhere near the checkpoint
+    tok.save_pretrained(run / "tokenizer")
+    assert main(args) == 0
+    res = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert res["model"]["normalizers"] == ["sparsemax"]
+    assert res["model"]["attention"][0]["temperature"] == 0.5
+    # Sparse rows: the smallest visible weight is exactly 0 somewhere.
+    assert min(v for layer in res["lemma1_dilution"]["scaled_min"] for head in layer for v in head) == 0.0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lengths", "16", "--ns", "20"], "N=20"),
+    (["--lengths", "128"], "L=128"),  # beyond the tiny model's context of 64
+    (["--temperatures", "1", "0"], "T=0.0"),
+    (["--temperatures", "-1"], "T=-1.0"),
+    (["--lengths", "0"], "L=0"),
+    (["--threads", "0"], "--threads"),
+])
+def test_bad_numbers_fail_naming_the_value(saved, tmp_path, capsys, extra, message):
+    root, _ = saved
+    assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(tmp_path / "o"),
+                 *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_and_empty_inputs(saved, tmp_path, capsys):
+    root, _ = saved
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    short = tmp_path / "short.txt"
+    short.write_text("the quick brown fox")
+    cases = [
+        (["--model", str(root / "model"), "--text", str(tmp_path / "nope.txt")], "nope.txt"),
+        (["--model", str(root / "model"), "--text", str(empty)], "empty text"),
+        (["--model", str(tmp_path / "missing.ckpt"), "--text", str(root / "text.txt")], "missing.ckpt"),
+        (["--model", "./no/such/dir", "--text", str(root / "text.txt")], "no/such/dir"),
+        (["--model", str(root / "model"), "--text", str(short), "--lengths", "32"], "L=32 needs 32 tokens"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--out", str(tmp_path / "o")]) == 2, argv
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_verb_is_registered():
+    from study.cli import VERBS
+
+    assert VERBS["analyze"] == "study.analysis.cli"

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from study.metrics import attention as metrics
+
 DISTANCE_READINGS = ("sum_outside", "norm_of_sum")
 DEFAULT_BUDGET = 1 << 23  # elements per chunk temporary (32 MB in fp32)
 
@@ -437,26 +439,11 @@ def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
 def softmax_jacobian_norm(probs: torch.Tensor, temperature: float = 1.0, iterations: int = 80) -> torch.Tensor:
     """Exact spectral norm of (1/T)(diag(a) - a a^T) for rows a (..., L) (zeros allowed), in float64.
 
-    diag(a) - a a^T is a rank-one downdate of a diagonal matrix: its largest eigenvalue is the root of the
-    secular equation 1 = sum_i a_i^2 / (a_i - lambda) in [a_(2), a_(1)] (the two largest weights), where the
-    left side is monotone. Bisection finds it to machine precision with O(L) work per step instead of
-    eigvalsh's O(L^3); the tests check it against torch.linalg.eigvalsh.
+    The same function the training monitors use (`study.metrics.softmax_jacobian_norm`: the root of the secular
+    equation by bisection, O(L) per step instead of eigvalsh's O(L^3)), with this module's validation of T.
     """
     (temperature,) = check_temperatures([temperature])
-    a = probs.to(torch.float64)
-    top2 = a.topk(min(2, a.shape[-1]), dim=-1).values
-    hi = top2[..., 0].clone()
-    lo = top2[..., 1].clone() if a.shape[-1] > 1 else torch.zeros_like(hi)
-    tied = (hi - lo) <= 0
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        f = 1 - (a * a / (a - mid[..., None])).sum(-1)
-        f = torch.where(tied, torch.zeros_like(f), f)
-        # f decreases on (a_(2), a_(1)): f > 0 means the root lies to the right.
-        lo = torch.where(f > 0, mid, lo)
-        hi = torch.where(f > 0, hi, mid)
-    lam = torch.where(tied, top2[..., 0], 0.5 * (lo + hi))
-    return lam / temperature
+    return metrics.softmax_jacobian_norm(probs, temperature, iterations=iterations)
 
 
 # ----------------------------------------------------------------------------------------------------------

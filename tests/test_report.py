@@ -49,3 +49,46 @@ def test_report_from_real_logs(tmp_path):
     findings = text.split("## Findings")[1].split("## Runs")[0]
     entropy_row = next(line for line in findings.splitlines() if "attention entropy rises" in line)
     assert "fewer than 3 values of k at every T | inconclusive" in entropy_row  # 2 values of k: no rank test
+
+
+def write_fake_run(sweep, name, params, scalars):
+    """A run folder as a sweep leaves it: status.json and TensorBoard events with the given scalars."""
+    import json
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = sweep / name
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({"state": "finished", "params": params, "global_step": 2}))
+    writer = SummaryWriter(str(run))
+    for tag, points in scalars.items():
+        for step, value in points:
+            writer.add_scalar(tag, value, step)
+    writer.close()
+
+
+def test_normalizers_are_compared_in_their_own_section(tmp_path):
+    import json
+
+    sweep = tmp_path / "norms"
+    runs = []
+    for normalizer, ppl, entropy, nonzero in (("softmax", 100.0, 0.9, 8.0), ("sparsemax", 120.0, 0.4, 2.0)):
+        for temperature in (0.1, 1.0):
+            name = f"T{temperature:g}_kall_{normalizer}_s0"
+            params = {"temperature": temperature, "top_k": None, "normalizer": normalizer, "seed": 0}
+            write_fake_run(sweep, name, params, {
+                "train/loss": [(0, 5.0), (1, 4.0)],
+                "val/ppl": [(2, ppl * temperature)],
+                "val/attention/normalized_entropy/mean": [(2, entropy)],
+                "val/attention/nonzero/mean": [(2, nonzero)],
+                "grad_norm/total": [(0, 1.0 / temperature), (1, 1.0 / temperature)],
+            })
+            runs.append({"name": name, "params": params})
+    (sweep / "plan.json").write_text(json.dumps({"sweep": "norms", "runs": runs}))
+    text = build_report(sweep).read_text()
+    section = text.split("## Normalisers")[1].split("## Runs")[0]
+    assert "softmax runs (2)" in section
+    # medians over T of the final values
+    assert "| softmax | 2 | 0 | 55 | 0.9 | 8 | 5.5 |" in section
+    assert "| sparsemax | 2 | 0 | 66 | 0.4 | 2 | 5.5 |" in section
+    assert (sweep / "report" / "normalizers.png").stat().st_size > 1000

@@ -158,6 +158,9 @@ def test_default_and_hub_sweeps_parse():
     assert any(a == f"--model.model_name_or_path={plan.pretrain.dir / 'hf'}" for a in plan.runs[0].args)
     quick = build_plan(ROOT / "configs" / "sweeps" / "default.yaml", quick=True)
     assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    normalizers = build_plan(ROOT / "configs" / "sweeps" / "normalizers.yaml")
+    assert len(normalizers.runs) == 20
+    assert {r.params["normalizer"] for r in normalizers.runs} == {"softmax", "sparsemax", "entmax15", "ssmax", "self_adjust"}
     hub = build_plan(ROOT / "configs" / "sweeps" / "gpt2-wikitext.yaml")
     assert len(hub.runs) == 60
     # the run's `study fit` arguments parse (print_config exits before the hub would be touched)

@@ -71,7 +71,8 @@ def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
 
 def summarize(run: RunData) -> Summary:
     final = {
-        t: _last(run.series(t)) for t in (tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS)
+        t: _last(run.series(t))
+        for t in (tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.NONZERO)
     }
     grad_tag = next((t for t in tags.GRAD_NORM_SOURCES if run.series(t)), None)
     grad = run.series(grad_tag) if grad_tag else None
@@ -508,6 +509,75 @@ def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
     return made
 
 
+# ---- normalisers ----------------------------------------------------------------------------------------------
+def normalizer_of(s: Summary) -> str:
+    return str(s.run.params.get("normalizer") or s.run.setting("model.attention.normalizer", "softmax"))
+
+
+NORMALIZER_COLUMNS = [
+    "normalizer",
+    "runs",
+    "diverged",
+    "median val/ppl",
+    "median H/log n",
+    "median non-zero keys",
+    "median grad norm",
+]
+
+
+def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
+    """One row per normaliser: medians over its runs (all T and k) of the final values."""
+
+    def med(values: list[float | None]) -> float | None:
+        values = [v for v in values if v is not None and math.isfinite(v)]
+        return float(np.median(values)) if values else None
+
+    rows = []
+    for name in sorted({normalizer_of(s) for s in summaries}):
+        group = [s for s in summaries if normalizer_of(s) == name]
+        rows.append(
+            [
+                name,
+                str(len(group)),
+                str(sum(s.diverged for s in group)),
+                fmt(med([s.final.get(tags.VAL_PPL) for s in group if not s.diverged])),
+                fmt(med([s.final.get(tags.NORMALIZED_ENTROPY) for s in group])),
+                fmt(med([s.final.get(tags.NONZERO) for s in group])),
+                fmt(med([s.grad_norm for s in group])),
+            ]
+        )
+    return rows
+
+
+def normalizer_figure(summaries: list[Summary], out: Path) -> str:
+    """Final val/ppl and gradient norm vs T, one line per normaliser (median over k)."""
+    plt = _plt()
+    names = sorted({normalizer_of(s) for s in summaries})
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (label, value) in zip(
+        axes,
+        (
+            ("final val/ppl", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL)),
+            ("final H / log n (validation)", lambda s: s.final.get(tags.NORMALIZED_ENTROPY)),
+            ("median pre-clip grad norm", lambda s: s.grad_norm),
+        ),
+    ):
+        for name in names:
+            per_t = _by_T([s for s in summaries if normalizer_of(s) == name], value)
+            if per_t:
+                ax.plot(list(per_t), [float(np.median(v)) for v in per_t.values()], "o-", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("temperature T")
+        ax.set_title(label, fontsize=9)
+    axes[0].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "normalizers.png", dpi=90)
+    plt.close(fig)
+    return "normalizers.png"
+
+
 # ---- report.md ------------------------------------------------------------------------------------------------
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -570,8 +640,14 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     out.mkdir(parents=True, exist_ok=True)
     plan, runs = load_sweep(sweep_dir)
     summaries = [summarize(r) for r in runs]
-    found = findings(summaries)
-    made = figures(summaries, out) if summaries else {}
+    normalizers = sorted({normalizer_of(s) for s in summaries})
+    # The paper's claims are about softmax: with several normalisers the findings and the T x k figures use the
+    # softmax runs, and the others are compared in their own section.
+    primary = [s for s in summaries if normalizer_of(s) == "softmax"] or summaries
+    found = findings(primary)
+    made = figures(primary, out) if primary else {}
+    if len(normalizers) > 1:
+        made[normalizer_figure(summaries, out)] = "final val/ppl, H/log n and gradient norm vs T per normaliser"
     states: dict[str, int] = {}
     for r in runs:
         states[r.state] = states.get(r.state, 0) + 1
@@ -608,6 +684,19 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         f"`{tags.GRAD_NORM_CLIPPED}` is below `{tags.GRAD_NORM}`); gradient norms are medians over logged steps; final values "
         "are the last logged point.",
         "",
+        *(
+            [
+                "## Normalisers",
+                "",
+                f"Findings and the T x k figures above use the softmax runs ({len(primary)}); every normaliser's runs, "
+                "medians over all its T and k:",
+                "",
+                _table(NORMALIZER_COLUMNS, normalizer_rows(summaries)),
+                "",
+            ]
+            if len(normalizers) > 1
+            else []
+        ),
         "## Runs",
         "",
         _table(RUN_COLUMNS, run_rows(summaries)),

@@ -19,6 +19,7 @@ ENTROPY = "val/attention/entropy/mean"
 NORMALIZED_ENTROPY = "val/attention/normalized_entropy/mean"
 KL_UNIFORM = "val/attention/kl_uniform/mean"
 TV_UNIFORM = "val/attention/tv_uniform/mean"
+NONZERO = "val/attention/nonzero/mean"  # keys with non-zero weight per row (sparse normalisers, top-k)
 ATTENTION_TAGS = {
     ENTROPY: "row entropy H (nats)",
     NORMALIZED_ENTROPY: "H / log(visible) (1 = uniform)",

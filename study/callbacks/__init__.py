@@ -5,6 +5,7 @@ Public API:
     SelectionUniformityMonitor  KL/TV to uniform, max weight, effective support, top-k mass and uniformity
     GradientNormMonitor         gradient norms before/after clipping, per block and kind; attention Jacobian
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
+    NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf
     NormalizerParameterMonitor  learnable normaliser parameters (SSMax s, entmax alpha) per layer
     TensorBoardLayout           custom-scalars charts (all layers in one chart, Jacobian beside 1/(4T))
     TapMonitor                  the shared base class (tap on logging steps, sum, reduce across ranks, log)
@@ -28,12 +29,14 @@ from study.callbacks.attention import AttentionEntropyMonitor, AttentionMapMonit
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
+from study.callbacks.nonfinite import NonFiniteGuard
 from study.callbacks.normalizer import NormalizerParameterMonitor, normalizer_parameters
 
 __all__ = [
     "AttentionEntropyMonitor",
     "AttentionMapMonitor",
     "GradientNormMonitor",
+    "NonFiniteGuard",
     "NormalizerParameterMonitor",
     "SelectionUniformityMonitor",
     "TapMonitor",

@@ -324,6 +324,13 @@ def _heads(per_layer: list, index: int) -> list:
     return [v for layer in per_layer for v in layer[index]]
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     """Write results.json, per_head.csv, claims.md and figures (fig2a/2b/2c/3/4 and dilution) to out_dir."""
     import matplotlib
@@ -393,20 +400,14 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ax.set_yscale("log")
     ax.set_xlabel("L")
     ax.legend()
-    fig.tight_layout()
-    paths["fig2a"] = out / "fig2a_distance_vs_length.png"
-    fig.savefig(paths["fig2a"], dpi=100)
-    plt.close(fig)
+    paths["fig2a"] = _save(plt, fig, out / "fig2a_distance_vs_length.png")
 
     a2 = results["alg2_distance_vs_n"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     _box(ax, [_heads(a2["d_sum_outside"], i) for i in range(len(ch["ns"]))], ch["ns"],
          f"Fig. 2b: distance d vs N (L={ch['lengths'][-1]})", "token-averaged d")
     ax.set_xlabel("N")
-    fig.tight_layout()
-    paths["fig2b"] = out / "fig2b_distance_vs_n.png"
-    fig.savefig(paths["fig2b"], dpi=100)
-    plt.close(fig)
+    paths["fig2b"] = _save(plt, fig, out / "fig2b_distance_vs_n.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for alpha in ch["alphas"]:
@@ -420,10 +421,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ax.set_ylabel("critical N*")
     ax.set_title("Fig. 2c: critical N vs L")
     ax.legend()
-    fig.tight_layout()
-    paths["fig2c"] = out / "fig2c_critical_n.png"
-    fig.savefig(paths["fig2c"], dpi=100)
-    plt.close(fig)
+    paths["fig2c"] = _save(plt, fig, out / "fig2c_critical_n.png")
 
     a4 = results["alg4_separability"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -437,10 +435,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("N")
     ax.legend()
-    fig.tight_layout()
-    paths["fig3"] = out / "fig3_separability.png"
-    fig.savefig(paths["fig3"], dpi=100)
-    plt.close(fig)
+    paths["fig3"] = _save(plt, fig, out / "fig3_separability.png")
 
     a5 = results["alg5_gradient"]
     temps = np.array(ch["temperatures"])
@@ -454,10 +449,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ax.set_ylabel("sensitivity")
     ax.set_title("Fig. 4: gradient sensitivity vs temperature")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["fig4"] = out / "fig4_gradient_sensitivity.png"
-    fig.savefig(paths["fig4"], dpi=100)
-    plt.close(fig)
+    paths["fig4"] = _save(plt, fig, out / "fig4_gradient_sensitivity.png")
 
     dl = results["lemma1_dilution"]["max_weight"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -466,10 +458,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ax.plot(range(1, len(ch["lengths"]) + 1), 1 / ls, "k--", label="1/L")
     ax.set_yscale("log")
     ax.legend()
-    fig.tight_layout()
-    paths["dilution"] = out / "lemma1_dilution.png"
-    fig.savefig(paths["dilution"], dpi=100)
-    plt.close(fig)
+    paths["dilution"] = _save(plt, fig, out / "lemma1_dilution.png")
     return {k: str(v) for k, v in paths.items()}
 
 

@@ -14,6 +14,7 @@ from study.report.read import RunData, load_sweep
 NOT_LOGGED = "not logged"
 LOW_T, HIGH_T = 0.03, 0.3  # "low" and "high" temperature groups of the stability findings
 SPIKE_WINDOW, SPIKE_FACTOR = 10, 1.2
+ZERO = 1e-12  # medians below this are zeros up to rounding (e.g. the Jacobian of one-hot rows)
 
 
 def fmt(value: float | None) -> str:
@@ -171,6 +172,25 @@ def findings(summaries: list[Summary]) -> list[Finding]:
                 rule,
             )
         )
+
+    # Claim 5: the attention Jacobian itself follows 1/T (top-1 runs have one-hot rows: their Jacobian is 0)
+    per_t = _by_T(summaries, lambda s: s.jacobian if s.jacobian is not None and s.jacobian > ZERO else None)
+    rule = (
+        "log-log slope of the per-T geometric-mean attention Jacobian norm over all T (>= 3 values of T; runs whose "
+        "median is 0, i.e. one-hot top-1 rows, left out): supported if <= -0.5, not supported if > -0.2, else inconclusive"
+    )
+    claim = "5. attention sensitivity |d alpha/d l| grows like 1/T"
+    if len(per_t) >= 3:
+        slope = loglog_slope(list(per_t), [float(np.exp(np.mean(np.log(v)))) for v in per_t.values()])
+        verdict = (
+            "inconclusive"
+            if slope is None
+            else ("supported" if slope <= -0.5 else ("not supported" if slope > -0.2 else "inconclusive"))
+        )
+        out.append(Finding(claim, f"slope of median `{tags.JACOBIAN}` vs T", fmt(slope), verdict, rule))
+    else:
+        value = NOT_LOGGED if not jac else f"only {len(per_t)} value(s) of T"
+        out.append(Finding(claim, f"`{tags.JACOBIAN}`", value, "inconclusive", rule))
 
     # Claim 5: sensitivity follows 1/T at low T (total pre-clip gradient norm in training)
     low = [s for s in summaries if s.temperature <= 0.1 + 1e-12 and s.grad_norm is not None]
@@ -390,7 +410,8 @@ def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
             ("grad_norm", "total grad norm (pre-clip, median)", "o"),
             ("jacobian", "attention Jacobian (median)", "s"),
         ):
-            pts = [(s.temperature, getattr(s, key)) for s in with_grad if getattr(s, key) is not None]
+            # Exact zeros (the Jacobian of top-1's one-hot rows) have no place on a log scale.
+            pts = [(s.temperature, v) for s in with_grad if (v := getattr(s, key)) is not None and v > ZERO]
             if not pts:
                 continue
             ax.scatter(*zip(*pts), marker=marker, label=label, alpha=0.7)
@@ -410,7 +431,8 @@ def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
         fig.savefig(out / "grad_norm_vs_T.png", dpi=90)
         plt.close(fig)
         made["grad_norm_vs_T.png"] = (
-            "gradient norm vs T (log-log) with fitted slope and the 1/(4T), 1/(2T) references"
+            "gradient norm vs T (log-log) with fitted slope and the 1/(4T), 1/(2T) references "
+            "(runs with a zero Jacobian, i.e. top-1, not drawn)"
         )
 
     # attention statistics vs k and vs T

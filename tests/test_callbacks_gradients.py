@@ -114,3 +114,27 @@ def test_jacobian_tags_on_llama_and_plain(tmp_path):
         assert "val/grad_norm/total" not in logged
         kinds = {t.split("/")[1] for t in logged if t.startswith("grad_norm/")}
         assert {"attn_q", "attn_k", "attn_v", "attn_out"} <= kinds
+
+
+class NaNGradient(L.LightningModule):
+    """One NaN gradient element (bias[0]); everything else finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch["x"]).sum() + float("nan") * self.layer.bias[0]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_nonfinite_gradient_elements_are_counted(tmp_path):
+    loader = torch.utils.data.DataLoader([{"x": torch.ones(4)}] * 2, batch_size=2)
+    trainer = make_trainer(tmp_path, [GradientNormMonitor(every_n_steps=1, jacobian_rows=0)], max_steps=1,
+                           limit_val_batches=0)
+    trainer.fit(NaNGradient(), train_dataloaders=loader)
+    logged = scalars(tmp_path)
+    assert logged["grad_norm/nonfinite_count"] == [(0, 1.0)]
+    assert math.isnan(logged["grad_norm/total"][0][1])

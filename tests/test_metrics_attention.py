@@ -300,3 +300,14 @@ def test_softmax_jacobian_norm_at_low_temperature_matches_eigvalsh_in_float64():
         jac = torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
         expected = torch.linalg.eigvalsh(jac)[..., -1].clamp(min=0) / temperature
         torch.testing.assert_close(softmax_jacobian_norm(weights, temperature), expected, atol=1e-10, rtol=1e-8)
+
+
+def test_entropy_sums_equal_the_full_summary():
+    from study.metrics import entropy_sums
+
+    weights, allowed = random_inputs(3, sparse=True)
+    full = summarize_rows(weights, allowed)
+    light = entropy_sums(weights, allowed)
+    assert set(light) == {"rows", "rows_nondegenerate", "entropy", "normalized_entropy"}
+    for key, value in light.items():
+        torch.testing.assert_close(value, full[key])

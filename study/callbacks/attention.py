@@ -15,7 +15,7 @@ from torch import Tensor
 
 from study.attention import AttentionSpec
 from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
-from study.metrics import finalize, summarize_rows
+from study.metrics import entropy_sums, finalize, summarize_rows
 
 
 def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
@@ -66,8 +66,7 @@ class AttentionEntropyMonitor(TapMonitor):
         self.histogram = histogram
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        sums = summarize_rows(row_distribution(weights, spec), allowed, topk=())
-        return {k: sums[k] for k in ("rows", "rows_nondegenerate", "entropy", "normalized_entropy")}
+        return entropy_sums(row_distribution(weights, spec), allowed)
 
     def _per_head(self, sums: Sums) -> dict[str, dict[int, Tensor]]:
         means = {layer: finalize(s) for layer, s in sums.items()}

@@ -151,7 +151,14 @@ class GradientNormMonitor(TapMonitor):
         pre = {f"grad_norm/{k}": v for k, v in grouped_grad_norms(named, by=self.by).items()}
         # The total as clip_grad_norm_ computes it (norm of per-tensor norms), not the grouped sum of squares.
         pre["grad_norm/total"] = total_grad_norm([p for _, p in named])
-        pre["grad_norm/nonfinite_count"] = nonfinite_grad_count([p for _, p in named]).to(torch.float64)
+        # Any NaN/inf element makes the total non-finite, so a finite total means a count of 0 without another
+        # pass over every gradient (one host sync, on logging steps only).
+        total = pre["grad_norm/total"]
+        pre["grad_norm/nonfinite_count"] = (
+            torch.zeros((), dtype=torch.float64, device=total.device)
+            if bool(torch.isfinite(total))
+            else nonfinite_grad_count([p for _, p in named]).to(torch.float64)
+        )
         n = self.per_parameter_every_n_steps
         if n is not None and trainer.global_step % n == 0:
             for name, p in named:

@@ -7,6 +7,7 @@ hooks, and are unit-tested against closed forms and brute force.
 from study.metrics.attention import (
     as_distribution,
     effective_support,
+    entropy_sums,
     finalize,
     kl_to_uniform,
     max_weight,
@@ -36,6 +37,7 @@ __all__ = [
     "as_distribution",
     "block_index",
     "effective_support",
+    "entropy_sums",
     "finalize",
     "fused_qkv_split",
     "grouped_grad_norms",

@@ -184,6 +184,38 @@ def sample_rows(
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _rows(weights: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The one full-size copy (fp32, zero outside the visible keys), visible counts, validity masks, log n."""
+    allowed = allowed.expand(weights.shape)
+    w = weights.to(torch.float32).masked_fill(~allowed, 0.0)
+    n = visible_count(allowed)  # (B, H, Lq)
+    return w, n, n >= 1, n >= 2, _log_visible(n)
+
+
+def _head_sums(per_row: dict[str, tuple[Tensor, Tensor]], valid: Tensor, nondegenerate: Tensor) -> dict[str, Tensor]:
+    """Per-head float64 sums over batch and query positions of each (statistic, rows to keep) pair."""
+    sums = {
+        "rows": valid.sum((0, 2)).to(torch.float64),
+        "rows_nondegenerate": nondegenerate.sum((0, 2)).to(torch.float64),
+    }
+    for key, (value, keep) in per_row.items():
+        # where, not multiply: a padded row's statistic may be NaN and 0 * NaN is NaN.
+        sums[key] = torch.where(keep, value.to(torch.float64), 0.0).sum((0, 2))
+    return sums
+
+
+def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
+    """`summarize_rows` restricted to rows, rows_nondegenerate, entropy and normalized_entropy: no top-k, so it
+    costs about a third of the full summary (the entropy monitor needs nothing else)."""
+    w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+    entropy = -torch.xlogy(w, w).sum(-1)
+    per_row = {
+        "entropy": (entropy, valid),
+        "normalized_entropy": (entropy / log_n.clamp(min=math.log(2)), nondegenerate),
+    }
+    return _head_sums(per_row, valid, nondegenerate)
+
+
 def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
     """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
 
@@ -198,15 +230,8 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
     Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
     topk with the largest k whose values serve every k.
     """
-    B, H, Lq, Lk = weights.shape
-    allowed = allowed.expand(B, H, Lq, Lk)
-    # The one full-size copy: fp32 and zero outside the visible keys (see module docstring).
-    w = weights.to(torch.float32).masked_fill(~allowed, 0.0)
-    n = visible_count(allowed)  # (B, H, Lq)
-    valid = n >= 1
-    nondegenerate = n >= 2
-    log_n = _log_visible(n)
-
+    Lk = weights.shape[-1]
+    w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
     entropy = -torch.xlogy(w, w).sum(-1)
     # TV to uniform = sum_i (a_i - 1/n)_+ because both distributions sum to 1 over the visible keys; masked
     # keys hold 0 < 1/n and drop out of the positive part, so no mask is needed here.
@@ -232,14 +257,7 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
         per_row[f"topk_mass/{k}"] = (cum[..., min(k, kmax) - 1], valid)
         per_row[f"selection_tv/{k}"] = (_selection_tv_from_sorted(top, cum, n, k), valid)
 
-    sums = {
-        "rows": valid.sum((0, 2)).to(torch.float64),
-        "rows_nondegenerate": nondegenerate.sum((0, 2)).to(torch.float64),
-    }
-    for key, (value, keep) in per_row.items():
-        # where, not multiply: a padded row's statistic may be NaN and 0 * NaN is NaN.
-        sums[key] = torch.where(keep, value.to(torch.float64), 0.0).sum((0, 2))
-    return sums
+    return _head_sums(per_row, valid, nondegenerate)
 
 
 def finalize(sums: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -117,9 +117,12 @@ class TapMonitor(Callback):
         if self._phase is None:  # opened by someone else's `tapping(monitor)`: nothing to attribute it to
             return
         summary = self.summarize(layer, weights, allowed, spec)
-        if not summary:  # this layer has nothing for the monitor (e.g. a Jacobian of a non-softmax normaliser)
-            return
-        acc = self._sums[self._phase].setdefault(layer, {})
+        if summary:  # empty: nothing for this monitor in this layer (e.g. a Jacobian of a non-softmax normaliser)
+            self.accumulate(self._phase, layer, summary)
+
+    def accumulate(self, phase: str, layer: int, summary: dict[str, Tensor]) -> None:
+        """Add a layer's sums (max for ``*_max`` keys) to what the phase has gathered so far."""
+        acc = self._sums[phase].setdefault(layer, {})
         for key, value in summary.items():
             if key not in acc:
                 acc[key] = value
@@ -166,7 +169,11 @@ class TapMonitor(Callback):
 
     # ----- logging -----------------------------------------------------------------------------------------
 
+    def before_reduce(self, phase: str) -> None:
+        """Hook: turn work deferred during the forward passes into sums (default: nothing deferred)."""
+
     def _log_phase(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str, step: int) -> None:
+        self.before_reduce(phase)
         sums = reduce_sums(trainer, self._sums[phase])
         self._sums[phase] = {}
         prefix = PREFIX[phase]

@@ -6,6 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import AttentionSpec
@@ -87,6 +88,7 @@ class GradientNormMonitor(TapMonitor):
         self._hooks: list[Any] = []
         self._pre: dict[str, Tensor] | None = None
         self._post: Tensor | None = None
+        self._pending: dict[str, list[tuple[int, Tensor, float]]] = {}  # phase -> sampled rows awaiting norms
 
     # ----- the tap: Jacobian norm on sampled rows ----------------------------------------------------------
 
@@ -94,18 +96,35 @@ class GradientNormMonitor(TapMonitor):
         return self.jacobian_rows > 0 and super().wants_tap(trainer, phase, batch_idx, dataloader_idx)
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        if spec.normalizer != "softmax":  # the closed form below is softmax's Jacobian
+        if spec.normalizer != "softmax":  # the closed form is softmax's Jacobian
             return {}
+        # Only sample here; the norms of every layer's rows come from one batched root-finding at log time.
         rows = sample_rows(weights, allowed, self.jacobian_rows, generator=self._generator)
-        norms = softmax_jacobian_norm(rows, spec.temperature).to(torch.float64)
-        one = torch.ones(1, dtype=torch.float64, device=weights.device)
-        return {
-            "jacobian": norms.sum().reshape(1),
-            "rows": one * norms.numel(),
-            "above_quarter": (norms > 1.0 / (4.0 * spec.temperature)).sum().reshape(1).to(torch.float64),
-            "jacobian_max": norms.max().reshape(1) if norms.numel() else one * 0.0,
-            "inv_temperature_max": one / spec.temperature,
-        }
+        self._pending.setdefault(self._phase, []).append((layer, rows, spec.temperature))
+        return {}
+
+    def before_reduce(self, phase: str) -> None:
+        pending = self._pending.pop(phase, [])
+        if not pending:
+            return
+        # Rows of different lengths pad with zero weights, which leave diag(a) - a a^T's spectrum unchanged.
+        width = max(rows.shape[-1] for _, rows, _ in pending)
+        rows = torch.cat([F.pad(r.to(torch.float64), (0, width - r.shape[-1])) for _, r, _ in pending])
+        inv_t = torch.cat([rows.new_full((r.shape[0],), 1.0 / t) for _, r, t in pending])
+        norms = (softmax_jacobian_norm(rows, 1.0) * inv_t).split([r.shape[0] for _, r, _ in pending])
+        one = torch.ones(1, dtype=torch.float64, device=rows.device)
+        for (layer, _, temperature), layer_norms in zip(pending, norms):
+            self.accumulate(
+                phase,
+                layer,
+                {
+                    "jacobian": layer_norms.sum().reshape(1),
+                    "rows": one * layer_norms.numel(),
+                    "above_quarter": (layer_norms > 1.0 / (4.0 * temperature)).sum().reshape(1).to(torch.float64),
+                    "jacobian_max": layer_norms.max().reshape(1) if layer_norms.numel() else one * 0.0,
+                    "inv_temperature_max": one / temperature,
+                },
+            )
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

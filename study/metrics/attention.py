@@ -171,12 +171,14 @@ def sample_rows(
     fewer are valid. Uses boolean indexing (one host sync): meant for logging steps only.
     """
     lk = weights.shape[-1]
-    allowed = allowed.expand(weights.shape)
-    rows = weights.masked_fill(~allowed, 0.0).reshape(-1, lk)
-    valid = (visible_count(allowed).reshape(-1) >= 2).nonzero().squeeze(-1)
+    # Counts from the mask as given (often (1, 1, Lq, Lk)), broadcast afterwards: no full-size temporaries.
+    n = visible_count(allowed).expand(weights.shape[:-1])
+    valid = (n.reshape(-1) >= 2).nonzero().squeeze(-1)
     device = generator.device if generator is not None else torch.device("cpu")
     perm = torch.randperm(valid.numel(), generator=generator, device=device)[:n_rows]
-    return rows[valid[perm.to(valid.device)]]
+    pick = valid[perm.to(valid.device)]
+    rows = weights.reshape(-1, lk)[pick]
+    return rows.masked_fill(~allowed.expand(weights.shape).reshape(-1, lk)[pick], 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -186,9 +188,10 @@ def sample_rows(
 
 def _rows(weights: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The one full-size copy (fp32, zero outside the visible keys), visible counts, validity masks, log n."""
-    allowed = allowed.expand(weights.shape)
     w = weights.to(torch.float32).masked_fill(~allowed, 0.0)
-    n = visible_count(allowed)  # (B, H, Lq)
+    # Counts from the mask as given (often (1, 1, Lq, Lk)), then broadcast: summing the expanded mask would
+    # cost as much as a pass over the weights.
+    n = visible_count(allowed).expand(weights.shape[:-1])  # (B, H, Lq)
     return w, n, n >= 1, n >= 2, _log_visible(n)
 
 

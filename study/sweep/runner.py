@@ -6,6 +6,7 @@ import gc
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -147,9 +148,19 @@ def run_command(
     return cmd + list(passthrough)
 
 
+def free_port() -> int:
+    """A TCP port on the loopback that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     run.dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    # Runs launched side by side each get their own DDP rendezvous port: left to themselves, two runs starting
+    # together can pick the same free port and one fails with EADDRINUSE.
+    env["MASTER_PORT"] = str(free_port())
     env.update(env_extra or {})
     log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

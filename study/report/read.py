@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from study.sweep.spec import dotted_get
+
 
 @dataclass
 class RunData:
@@ -25,12 +27,7 @@ class RunData:
         return self.scalars.get(tag)
 
     def setting(self, key: str, default: Any = None) -> Any:
-        node: Any = self.resolved
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return default if node is None else node
+        return dotted_get(self.resolved, key, default)
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

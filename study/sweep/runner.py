@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from study.sweep.spec import Plan, Run
+from study.sweep.spec import Plan, Run, dotted_get
 
 STATUS_FILE = "status.json"
 FINAL_STATES = ("finished", "diverged")  # never rerun; "failed" and "running" (interrupted) are resumed
@@ -229,12 +229,7 @@ class Progress:
 
 # ---- up-front estimate from measured first steps --------------------------------------------------------------
 def _resolved(run: Run, key: str, default: Any) -> Any:
-    node: Any = run.resolved
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
+    return dotted_get(run.resolved, key, default)
 
 
 def probe(run: Run, steps: int = 6) -> dict[str, float]:

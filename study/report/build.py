@@ -144,6 +144,27 @@ class Finding:
     rule: str
 
 
+def verdict(supported: bool, not_supported: bool) -> str:
+    return "supported" if supported else ("not supported" if not_supported else "inconclusive")
+
+
+def slope_finding(
+    claim: str, tag: str, t_range: str, per_t: dict[float, list[float]], quantity: str, logged: bool
+) -> Finding:
+    """A "grows like 1/T" claim: log-log slope of the per-T geometric mean of ``per_t`` (needs >= 3 values of T)."""
+    rule = (
+        f"log-log slope of the per-T geometric-mean {quantity} (>= 3 values of T): "
+        "supported if <= -0.5, not supported if > -0.2, else inconclusive"
+    )
+    if len(per_t) < 3:
+        value = f"only {len(per_t)} value(s) of T{t_range}" if logged else NOT_LOGGED
+        return Finding(claim, f"`{tag}`", value, "inconclusive", rule)
+    slope = loglog_slope(list(per_t), [float(np.exp(np.mean(np.log(v)))) for v in per_t.values()])
+    judged = "inconclusive" if slope is None else verdict(slope <= -0.5, slope > -0.2)
+    where = f" (T{t_range})" if t_range else ""
+    return Finding(claim, f"slope of median `{tag}` vs T{where}", fmt(slope), judged, rule)
+
+
 def findings(summaries: list[Summary]) -> list[Finding]:
     out = []
 
@@ -152,13 +173,13 @@ def findings(summaries: list[Summary]) -> list[Finding]:
     rule = "supported if every run's median Jacobian norm <= 1/(2T) (exact spectral maximum); not supported if any exceeds 1.05/(2T)"
     if jac:
         ratio = max(j * 2 * t for t, j in jac)
-        verdict = "supported" if ratio <= 1.0 else ("not supported" if ratio > 1.05 else "inconclusive")
+        judged = verdict(ratio <= 1.0, ratio > 1.05)
         out.append(
             Finding(
                 "5. |d alpha/d l| <= min(1/(4T), sqrt 2) (can reach 1/(2T))",
                 f"max over runs of median `{tags.JACOBIAN}` x 2T",
                 fmt(ratio),
-                verdict,
+                judged,
                 rule,
             )
         )
@@ -175,54 +196,30 @@ def findings(summaries: list[Summary]) -> list[Finding]:
 
     # Claim 5: the attention Jacobian itself follows 1/T (top-1 runs have one-hot rows: their Jacobian is 0)
     per_t = _by_T(summaries, lambda s: s.jacobian if s.jacobian is not None and s.jacobian > ZERO else None)
-    rule = (
-        "log-log slope of the per-T geometric-mean attention Jacobian norm over all T (>= 3 values of T; runs whose "
-        "median is 0, i.e. one-hot top-1 rows, left out): supported if <= -0.5, not supported if > -0.2, else inconclusive"
-    )
-    claim = "5. attention sensitivity |d alpha/d l| grows like 1/T"
-    if len(per_t) >= 3:
-        slope = loglog_slope(list(per_t), [float(np.exp(np.mean(np.log(v)))) for v in per_t.values()])
-        verdict = (
-            "inconclusive"
-            if slope is None
-            else ("supported" if slope <= -0.5 else ("not supported" if slope > -0.2 else "inconclusive"))
+    out.append(
+        slope_finding(
+            "5. attention sensitivity |d alpha/d l| grows like 1/T",
+            tags.JACOBIAN,
+            "",
+            per_t,
+            "attention Jacobian norm over all T (runs whose median is 0, i.e. one-hot top-1 rows, left out)",
+            logged=bool(jac),
         )
-        out.append(Finding(claim, f"slope of median `{tags.JACOBIAN}` vs T", fmt(slope), verdict, rule))
-    else:
-        value = NOT_LOGGED if not jac else f"only {len(per_t)} value(s) of T"
-        out.append(Finding(claim, f"`{tags.JACOBIAN}`", value, "inconclusive", rule))
+    )
 
     # Claim 5: sensitivity follows 1/T at low T (total pre-clip gradient norm in training)
     low = [s for s in summaries if s.temperature <= 0.1 + 1e-12 and s.grad_norm is not None]
-    per_t = _by_T(low, lambda s: s.grad_norm)
-    rule = "log-log slope of the per-T geometric-mean gradient norm over T <= 0.1 (>= 3 values of T): supported if <= -0.5, not supported if > -0.2, else inconclusive"
     tag_used = next((s.grad_norm_tag for s in low if s.grad_norm_tag), tags.GRAD_NORM)
-    if len(per_t) >= 3:
-        slope = loglog_slope(list(per_t), [float(np.exp(np.mean(np.log(v)))) for v in per_t.values()])
-        verdict = (
-            "inconclusive"
-            if slope is None
-            else ("supported" if slope <= -0.5 else ("not supported" if slope > -0.2 else "inconclusive"))
+    out.append(
+        slope_finding(
+            "5. gradient sensitivity grows like 1/T at low T",
+            tag_used,
+            " <= 0.1",
+            _by_T(low, lambda s: s.grad_norm),
+            "gradient norm over T <= 0.1",
+            logged=bool(low),
         )
-        out.append(
-            Finding(
-                "5. gradient sensitivity grows like 1/T at low T",
-                f"slope of median `{tag_used}` vs T (T <= 0.1)",
-                fmt(slope),
-                verdict,
-                rule,
-            )
-        )
-    else:
-        out.append(
-            Finding(
-                "5. gradient sensitivity grows like 1/T at low T",
-                f"`{tags.GRAD_NORM}`",
-                NOT_LOGGED if not low else f"only {len(per_t)} value(s) of T <= 0.1",
-                "inconclusive",
-                rule,
-            )
-        )
+    )
 
     # Claim 6: more selected tokens -> closer to uniform
     for tag, claim, sign in (
@@ -238,11 +235,9 @@ def findings(summaries: list[Summary]) -> list[Finding]:
                 rhos.append(rho)
         if rhos:
             rho = float(np.median(rhos))
-            verdict = (
-                "supported" if sign * rho >= 0.8 else ("not supported" if sign * rho <= 0 else "inconclusive")
-            )
+            judged = verdict(sign * rho >= 0.8, sign * rho <= 0)
             out.append(
-                Finding(claim, f"median Spearman rho over {len(rhos)} temperatures", fmt(rho), verdict, rule)
+                Finding(claim, f"median Spearman rho over {len(rhos)} temperatures", fmt(rho), judged, rule)
             )
         elif any(s.final.get(tag) is not None for s in summaries):
             out.append(Finding(claim, f"`{tag}`", "fewer than 3 values of k at every T", "inconclusive", rule))
@@ -261,15 +256,13 @@ def findings(summaries: list[Summary]) -> list[Finding]:
 
     if lo and hi:
         f_lo, f_hi = sum(map(unstable, lo)) / len(lo), sum(map(unstable, hi)) / len(hi)
-        verdict = (
-            "supported" if f_lo - f_hi >= 0.25 else ("not supported" if f_lo <= f_hi else "inconclusive")
-        )
+        judged = verdict(f_lo - f_hi >= 0.25, f_lo <= f_hi)
         out.append(
             Finding(
                 "6. low temperature makes training unstable",
                 f"unstable fraction, T <= {LOW_T} vs T >= {HIGH_T}",
                 f"{fmt(f_lo)} vs {fmt(f_hi)}",
-                verdict,
+                judged,
                 rule,
             )
         )
@@ -289,13 +282,13 @@ def findings(summaries: list[Summary]) -> list[Finding]:
     c_hi = [s.clipped_fraction for s in hi if s.clipped_fraction is not None]
     if c_lo and c_hi:
         diff = float(np.mean(c_lo) - np.mean(c_hi))
-        verdict = "supported" if diff >= 0.25 else ("not supported" if diff <= 0 else "inconclusive")
+        judged = verdict(diff >= 0.25, diff <= 0)
         out.append(
             Finding(
                 "6. low temperature makes training unstable (clipping)",
                 "clipped-step fraction difference",
                 fmt(diff),
-                verdict,
+                judged,
                 rule,
             )
         )
@@ -323,13 +316,13 @@ def findings(summaries: list[Summary]) -> list[Finding]:
         b = [p for s in summaries if s.temperature == t_ref and (p := ppl(s)) is not None]
         if a and b and t_min != t_ref:
             ratio = float(np.median(a) / np.median(b))
-            verdict = "supported" if ratio > 1.1 else ("not supported" if ratio < 1.0 else "inconclusive")
+            judged = verdict(ratio > 1.1, ratio < 1.0)
             out.append(
                 Finding(
                     "6. (derived) low T hurts the fine-tuned model",
                     f"median val/ppl T={t_min:g} / T={t_ref:g}",
                     fmt(ratio),
-                    verdict,
+                    judged,
                     rule,
                 )
             )

@@ -1,6 +1,5 @@
 """Attention monitors on real training runs: values read back from the TensorBoard event files."""
 
-import io
 import math
 
 import numpy as np
@@ -14,7 +13,9 @@ from study.callbacks import (
     SelectionUniformityMonitor,
     TensorBoardLayout,
     custom_scalars_layout,
+    draw_attention_map,
 )
+from study.callbacks import maps as maps_module
 from tests.callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
 
 L_SEQ = 16
@@ -139,21 +140,49 @@ def test_llama_and_state_dict(tmp_path):
 
 
 def test_attention_map_and_layout(tmp_path):
-    """Uniform causal attention drawn as an image: zero above the diagonal, row t at 1/(t+1) of the max."""
-    from PIL import Image
-
+    """Uniform causal attention drawn as a colour-mapped figure: the image's data are the weights, zero above
+    the diagonal and 1/(t+1) on row t, with a colour bar and labelled axes."""
     module = PlainAttention(zero_queries=True)
-    monitor = AttentionMapMonitor(layers=[1], heads=[0], min_pixels=32)
-    trainer = make_trainer(tmp_path, [monitor, TensorBoardLayout()], max_steps=2)
-    trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ))
+    monitor = AttentionMapMonitor(layers=[1], heads=[0])
+    captured = {}
+    original = maps_module.draw_attention_map
+
+    def spy(weights, **kwargs):
+        fig = original(weights, **kwargs)
+        captured["fig"], captured["weights"] = fig, weights
+        return fig
+
+    maps_module.draw_attention_map = spy
+    try:
+        trainer = make_trainer(tmp_path, [monitor, TensorBoardLayout()], max_steps=2)
+        trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ))
+    finally:
+        maps_module.draw_attention_map = original
     acc = events(tmp_path)
     assert acc.Tags()["images"] == ["attention_map/layer_1/head_0"]
-    encoded = acc.Images("attention_map/layer_1/head_0")[0].encoded_image_string
-    img = np.asarray(Image.open(io.BytesIO(encoded)), dtype=np.float64) / 255.0
-    img = img[::2, ::2] if img.ndim == 2 else img[::2, ::2, 0]  # 16 x 16 tokens upscaled to 32 x 32
+    image = acc.Images("attention_map/layer_1/head_0")[0]
+    assert image.width > 200 and image.height > 200  # a rendered figure, not a 16 x 16 grey map
     expected = np.tril(1.0 / np.arange(1, L_SEQ + 1)[:, None] * np.ones((1, L_SEQ)))
-    assert img.shape == (L_SEQ, L_SEQ)
-    assert np.abs(img - expected).max() < 1.5 / 255
+    np.testing.assert_allclose(captured["weights"].numpy(), expected, atol=1e-3)  # after 2 steps
+    main_ax, colorbar_ax = captured["fig"].axes
+    np.testing.assert_allclose(main_ax.images[0].get_array(), captured["weights"].numpy())
+    assert (main_ax.get_xlabel(), main_ax.get_ylabel()) == ("key position", "query position")
+    assert "layer 1, head 0" in main_ax.get_title()
+    assert colorbar_ax.get_ylabel() == "weight"
     # The custom-scalars layout is in the same event file.
     assert "custom_scalars__config__" in acc.Tags()["tensors"]
     assert any("Jacobian" in chart for chart in custom_scalars_layout()["gradients"])
+
+
+def test_attention_map_log_scale():
+    """The log scale colours by log10(weight) from the floor up: exact zeros sit at the floor, not off-scale."""
+    from matplotlib.colors import LogNorm
+
+    weights = torch.tensor([[1.0, 0.0], [0.999, 1e-3]])
+    fig = draw_attention_map(weights, log_scale=True, floor=1e-4)
+    image = fig.axes[0].images[0]
+    assert isinstance(image.norm, LogNorm) and image.norm.vmin == 1e-4
+    assert image.get_array().min() == pytest.approx(1e-4)
+    assert fig.axes[1].get_ylabel() == "weight (log scale)"
+    with pytest.raises(ValueError, match="queries, keys"):
+        draw_attention_map(torch.ones(2, 2, 2))

@@ -25,10 +25,11 @@ Example::
     )
 """
 
-from study.callbacks.attention import AttentionEntropyMonitor, AttentionMapMonitor, SelectionUniformityMonitor
+from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
+from study.callbacks.maps import AttentionMapMonitor, draw_attention_map
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.callbacks.normalizer import NormalizerParameterMonitor, normalizer_parameters
 
@@ -42,6 +43,7 @@ __all__ = [
     "TapMonitor",
     "TensorBoardLayout",
     "custom_scalars_layout",
+    "draw_attention_map",
     "normalizer_parameters",
     "reduce_sums",
 ]

@@ -1,4 +1,4 @@
-"""Attention monitors: row entropy, distance to uniform and selection statistics, attention-map images.
+"""Attention monitors: row entropy, distance to uniform and selection statistics (maps: `study.callbacks.maps`).
 
 All of them are model-agnostic: they see attention through `study.attention` taps, so they work on any
 transformers model after `apply_attention_spec` and on any model that calls `study.attention.attend`.
@@ -10,11 +10,10 @@ from collections.abc import Sequence
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import AttentionSpec
-from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
+from study.callbacks.base import Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
 from study.metrics import entropy_sums, finalize, summarize_rows
 
 
@@ -154,98 +153,4 @@ class SelectionUniformityMonitor(TapMonitor):
         return out
 
 
-class AttentionMapMonitor(TapMonitor):
-    """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
-
-    The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is
-    the same sample every time as long as validation is not shuffled. Images are written at the end of a
-    validation epoch when at least ``every_n_steps`` optimizer steps have passed since the last ones (and at
-    the first validation). Only rank 0 taps; other ranks keep the fast path. Each map is scaled by its
-    maximum (row 0 always holds a weight of 1), so the image shows the pattern, not the row dilution.
-
-    Tags: ``attention_map/layer_{l}/head_{h}`` (TensorBoard images, grey levels, one pixel block per weight).
-
-    Args:
-        every_n_steps: minimum optimizer steps between two sets of images.
-        layers: layer indices to draw; None draws every layer.
-        heads: head indices to draw; None draws every head.
-        sample_index: which sample of the first validation batch.
-        max_tokens: draw only the first this many queries and keys (large maps are unreadable anyway).
-        min_pixels: upscale (nearest) so the image is at least this many pixels wide.
-
-    Example::
-
-        trainer = L.Trainer(callbacks=[AttentionMapMonitor(every_n_steps=500, layers=[0, 11], heads=[0, 1])])
-    """
-
-    def __init__(
-        self,
-        every_n_steps: int = 500,
-        layers: Sequence[int] | None = None,
-        heads: Sequence[int] | None = None,
-        sample_index: int = 0,
-        max_tokens: int = 128,
-        min_pixels: int = 256,
-    ) -> None:
-        super().__init__(every_n_steps, validation=True)
-        self.layers = None if layers is None else tuple(layers)
-        self.heads = None if heads is None else tuple(heads)
-        self.sample_index = sample_index
-        self.max_tokens = max_tokens
-        self.min_pixels = min_pixels
-        self._maps: dict[int, dict[int, Tensor]] = {}
-
-    def wants_tap(self, trainer: L.Trainer, phase: str, batch_idx: int, dataloader_idx: int = 0) -> bool:
-        due = self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
-        return (
-            phase == VAL
-            and batch_idx == 0
-            and dataloader_idx == 0
-            and trainer.is_global_zero
-            and not trainer.sanity_checking
-            and due
-        )
-
-    def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
-        if self._phase != VAL or (self.layers is not None and layer not in self.layers):
-            return
-        if self.sample_index >= weights.shape[0]:
-            return
-        w = weights[self.sample_index, :, : self.max_tokens, : self.max_tokens]
-        heads = range(w.shape[0]) if self.heads is None else [h for h in self.heads if h < w.shape[0]]
-        # A few small maps, once per `every_n_steps`: copying them to the host here is cheap enough.
-        self._maps[layer] = {h: w[h].float().cpu() for h in heads}
-
-    def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
-        return {}
-
-    def image(self, weights: Tensor) -> Tensor:
-        """(Lq, Lk) weights -> (1, H, W) float image in [0, 1], scaled by its maximum and upscaled."""
-        img = weights / weights.max().clamp(min=torch.finfo(weights.dtype).tiny)
-        scale = max(1, -(-self.min_pixels // max(img.shape)))
-        return F.interpolate(img[None, None], scale_factor=scale, mode="nearest")[0]
-
-    def _log_phase(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str, step: int) -> None:
-        # No reduction: only rank 0 taps, and images are not averaged across processes.
-        maps, self._maps = self._maps, {}
-        if phase != VAL or not maps:
-            return
-        for writer in tensorboard_writers(trainer):
-            for layer, per_head in sorted(maps.items()):
-                for h, w in per_head.items():
-                    writer.add_image(f"attention_map/layer_{layer}/head_{h}", self.image(w), step, dataformats="CHW")
-        self.val_logs += 1
-        self.last_logged_step = step
-
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            self._log_phase(trainer, pl_module, VAL, step=trainer.global_step)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        pass  # validation only
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        pass
-
-
-__all__ = ["AttentionEntropyMonitor", "AttentionMapMonitor", "SelectionUniformityMonitor"]
+__all__ = ["AttentionEntropyMonitor", "SelectionUniformityMonitor"]

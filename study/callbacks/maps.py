@@ -1,0 +1,194 @@
+"""`AttentionMapMonitor`: heatmaps of one fixed validation sample's attention, as TensorBoard images.
+
+Unlike the other attention monitors it keeps no sums: on rank 0 it taps the first validation batch, copies the
+chosen (layer, head) maps to the host, and at the end of that validation epoch draws each one with matplotlib
+(perceptual colour map, colour bar, query and key positions on the axes). Nothing runs on other steps or ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from typing_extensions import override
+
+from study.attention import AttentionSpec, tapping
+from study.callbacks.base import tensorboard_writers
+
+MAP_TAG = "attention_map/layer_{layer}/head_{head}"
+"""TensorBoard image tag of one map."""
+
+
+def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False, floor: float = 1e-4):
+    """A matplotlib figure of one (Lq, Lk) attention map: rows are queries, columns keys, colour the weight.
+
+    Args:
+        weights: (Lq, Lk) attention weights (zero on keys a query does not see).
+        title: drawn above the map.
+        log_scale: colour by log10(weight) clipped at ``floor``: at low temperature almost every weight is tiny
+            and a linear scale shows a few bright dots; the log scale shows how small the rest are.
+        floor: smallest weight told apart on the log scale (also the colour of exact zeros).
+
+    The colour map is viridis (perceptually uniform, readable in grey); the colour bar gives the weight scale.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    if weights.dim() != 2:
+        raise ValueError(f"an attention map is (queries, keys); got shape {tuple(weights.shape)}")
+    data = weights.detach().float().cpu().numpy()
+    q_len, k_len = data.shape
+    size = 3.2 + 2.0 * min(max(q_len, k_len), 128) / 128
+    fig, ax = plt.subplots(figsize=(size + 0.9, size), dpi=90)
+    if log_scale:
+        image = ax.imshow(data.clip(min=floor), cmap="viridis", norm=LogNorm(vmin=floor, vmax=1.0))
+    else:
+        image = ax.imshow(data, cmap="viridis", vmin=0.0, vmax=max(float(data.max()), 1e-12))
+    image.set_interpolation("nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="weight (log scale)" if log_scale else "weight")
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+class AttentionMapMonitor(Callback):
+    """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
+
+    The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is
+    the same sample every time as long as validation is not shuffled. Images are written at the end of a
+    validation epoch when at least ``every_n_steps`` optimizer steps have passed since the last ones (and at the
+    first validation). Only rank 0 taps, and only that one batch; everything else keeps the fast path.
+
+    Tags: ``attention_map/layer_{l}/head_{h}`` (TensorBoard images: viridis colour map with a colour bar, query
+    positions down, key positions across, title with the layer, head, temperature and step).
+
+    Args:
+        every_n_steps: minimum optimizer steps between two sets of images.
+        layers: layer indices to draw; None draws every layer.
+        heads: head indices to draw; None draws every head.
+        sample_index: which sample of the first validation batch.
+        max_tokens: draw only the first this many queries and keys (large maps are unreadable anyway).
+        log_scale: colour by log10 of the weight (see `draw_attention_map`); linear when False.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[AttentionMapMonitor(every_n_steps=500, layers=[0, 11], heads=[0, 1])])
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        sample_index: int = 0,
+        max_tokens: int = 128,
+        log_scale: bool = False,
+    ) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("max_tokens", max_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(sample_index, bool) or not isinstance(sample_index, int) or sample_index < 0:
+            raise ValueError(f"sample_index must be an integer >= 0, got {sample_index!r}")
+        self.every_n_steps = every_n_steps
+        self.layers = None if layers is None else tuple(layers)
+        self.heads = None if heads is None else tuple(heads)
+        self.sample_index = sample_index
+        self.max_tokens = max_tokens
+        self.log_scale = log_scale
+        self.val_logs = 0
+        self.last_logged_step = -1
+        self._maps: dict[int, dict[int, tuple[Tensor, float]]] = {}
+        self._stack: ExitStack | None = None
+
+    # ----- the tap -----------------------------------------------------------------------------------------
+
+    def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+        if self.layers is not None and layer not in self.layers:
+            return
+        if self.sample_index >= weights.shape[0]:
+            raise ValueError(
+                f"sample_index={self.sample_index} but the first validation batch has {weights.shape[0]} samples"
+            )
+        w = weights[self.sample_index, :, : self.max_tokens, : self.max_tokens]  # (H, Lq, Lk)
+        heads = range(w.shape[0]) if self.heads is None else [h for h in self.heads if h < w.shape[0]]
+        # A few small maps, once per `every_n_steps`: copying them to the host here is cheap enough.
+        self._maps[layer] = {h: (w[h].float().cpu(), spec.temperature) for h in heads}
+
+    def _due(self, trainer: L.Trainer) -> bool:
+        return self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
+
+    def _close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    # ----- Lightning hooks ---------------------------------------------------------------------------------
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if batch_idx == 0 and dataloader_idx == 0 and trainer.is_global_zero and not trainer.sanity_checking:
+            if self._due(trainer):
+                self._stack = ExitStack()
+                self._stack.enter_context(tapping(self))
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._close()
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import matplotlib.pyplot as plt
+
+        maps, self._maps = self._maps, {}
+        if not maps or trainer.sanity_checking:
+            return
+        step = trainer.global_step
+        for writer in tensorboard_writers(trainer):
+            for layer, per_head in sorted(maps.items()):
+                for head, (weights, temperature) in per_head.items():
+                    title = f"layer {layer}, head {head}, T = {temperature:g}, step {step}"
+                    fig = draw_attention_map(weights, title=title, log_scale=self.log_scale)
+                    writer.add_figure(MAP_TAG.format(layer=layer, head=head), fig, step, close=True)
+                    plt.close(fig)
+        self.val_logs += 1
+        self.last_logged_step = step
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._close()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._close()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_logs": self.val_logs, "last_logged_step": self.last_logged_step}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.val_logs = state_dict.get("val_logs", 0)
+        self.last_logged_step = state_dict.get("last_logged_step", -1)
+
+
+__all__ = ["MAP_TAG", "AttentionMapMonitor", "draw_attention_map"]

@@ -1,0 +1,156 @@
+"""TensorBoard HParams: one experiment per sweep, one session per run.
+
+TensorBoard's HParams tab shows the hyperparameters an *experiment* declares, swept ones first: it sorts them by
+(not ``differs``, name) and checks only the first few. An experiment written by each run knows nothing of the
+others, so nothing "differs" and the columns come out in name order (``attention/alpha`` ... with
+``attention/temperature`` off screen). So:
+
+- a sweep declares the experiment once, in its own folder, with every swept setting's discrete domain marked
+  ``differs`` and listed first, constants after, and the metrics the runs are compared by (`write_experiment`);
+- each run of a sweep writes only its session (its values; `write_session` with ``experiment=False``);
+- a run on its own (`study fit`) declares a one-run experiment in which the attention spec's axes
+  (`STUDY_AXES`) count as differing, so temperature, top-k and normaliser still come first.
+
+Only one experiment may be visible under a TensorBoard logdir (TensorBoard takes the first it finds): open a
+sweep's folder (``tensorboard --logdir logs/<sweep>``) to compare its runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+from tensorboard.plugins.hparams.metadata import (
+    EXPERIMENT_TAG,
+    PLUGIN_DATA_VERSION,
+    PLUGIN_NAME,
+    SESSION_END_INFO_TAG,
+    SESSION_START_INFO_TAG,
+)
+
+STUDY_AXES = ("attention/temperature", "attention/top_k", "attention/normalizer")
+"""The hyperparameters a study varies; listed first wherever an experiment is declared."""
+
+EXPERIMENT_DIR = "hparams"
+"""A sweep's experiment declaration lives in ``<sweep>/hparams/``."""
+
+Scalar = bool | int | float | str
+
+
+def _summary(tag: str, **plugin_data: Any) -> Summary:
+    # tensorboard's own `summary.experiment_pb` & co. need TensorFlow; the protos are the same.
+    content = plugin_data_pb2.HParamsPluginData(version=PLUGIN_DATA_VERSION, **plugin_data)
+    metadata = SummaryMetadata(
+        plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=content.SerializeToString())
+    )
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata)])
+
+
+def _kind(values: Sequence[Scalar]) -> int:
+    if all(isinstance(v, bool) for v in values):
+        return api_pb2.DATA_TYPE_BOOL
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return api_pb2.DATA_TYPE_FLOAT64
+    return api_pb2.DATA_TYPE_STRING
+
+
+def hparam_info(name: str, values: Sequence[Scalar], differs: bool) -> api_pb2.HParamInfo:
+    """One hyperparameter with its discrete domain (distinct values, sorted); strings for mixed types."""
+    distinct = sorted(set(values), key=lambda v: (str(type(v)), v))
+    kind = _kind(distinct)
+    info = api_pb2.HParamInfo(name=name, type=kind, differs=differs)
+    for value in distinct:
+        if kind == api_pb2.DATA_TYPE_BOOL:
+            info.domain_discrete.values.add().bool_value = bool(value)
+        elif kind == api_pb2.DATA_TYPE_FLOAT64:
+            info.domain_discrete.values.add().number_value = float(value)
+        else:
+            info.domain_discrete.values.add().string_value = str(value)
+    return info
+
+
+def experiment_summary(
+    hparams: Mapping[str, Sequence[Scalar]], metrics: Sequence[str], description: str = "", differs: Sequence[str] = ()
+):
+    """The experiment declaration: ``hparams`` maps each name to the values its runs take.
+
+    A hyperparameter with more than one value, or named in ``differs``, is marked as differing and listed first
+    (in the order given); the rest follow in name order.
+    """
+    if not hparams:
+        raise ValueError("an HParams experiment needs at least one hyperparameter")
+    varied = [n for n in hparams if len(set(hparams[n])) > 1 or n in differs]
+    constant = sorted(n for n in hparams if n not in varied)
+    infos = [hparam_info(n, hparams[n], True) for n in varied] + [hparam_info(n, hparams[n], False) for n in constant]
+    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m)) for m in metrics]
+    experiment = api_pb2.Experiment(
+        description=description, time_created_secs=time.time(), hparam_infos=infos, metric_infos=metric_infos
+    )
+    return _summary(EXPERIMENT_TAG, experiment=experiment)
+
+
+def _writer(logger_or_writer: Any):
+    """The event-file writer of a TensorBoardLogger or a torch SummaryWriter."""
+    experiment = getattr(logger_or_writer, "experiment", logger_or_writer)
+    return experiment._get_file_writer()
+
+
+def write_session(
+    logger: Any, params: Mapping[str, Scalar], metrics: Sequence[str], experiment: bool = True, group: str = ""
+) -> None:
+    """Write a run's HParams session (its values), and with ``experiment`` a one-run experiment declaration.
+
+    No metric values are written: the HParams view reads the metrics' own scalar curves. (Lightning's
+    `log_hyperparams(params, metrics)` would log the metrics at step 0 and put a made-up point on the curves.)
+    ``group`` puts runs that differ only by seed in one HParams group.
+    """
+    writer = _writer(logger)
+    if experiment:
+        one_run = {name: [value] for name, value in params.items()}
+        writer.add_summary(experiment_summary(one_run, metrics, differs=[a for a in STUDY_AXES if a in params]))
+    start = plugin_data_pb2.SessionStartInfo(group_name=group, start_time_secs=time.time())
+    for name, value in params.items():
+        kind = _kind([value])
+        if kind == api_pb2.DATA_TYPE_BOOL:
+            start.hparams[name].bool_value = bool(value)
+        elif kind == api_pb2.DATA_TYPE_FLOAT64:
+            start.hparams[name].number_value = float(value)
+        else:
+            start.hparams[name].string_value = str(value)
+    writer.add_summary(_summary(SESSION_START_INFO_TAG, session_start_info=start))
+    writer.add_summary(
+        _summary(SESSION_END_INFO_TAG, session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS))
+    )
+    writer.flush()
+
+
+def write_experiment(
+    sweep_dir: Path, hparams: Mapping[str, Sequence[Scalar]], metrics: Sequence[str], description: str = ""
+) -> Path:
+    """Declare a sweep's experiment in ``<sweep_dir>/hparams/`` (replacing an earlier declaration); returns it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = Path(sweep_dir) / EXPERIMENT_DIR
+    for old in folder.glob("events.out.tfevents.*"):
+        old.unlink()  # a rerun with a changed plan declares afresh; one declaration per folder
+    writer = SummaryWriter(log_dir=str(folder))
+    try:
+        writer._get_file_writer().add_summary(experiment_summary(hparams, metrics, description))
+    finally:
+        writer.close()
+    return folder
+
+
+__all__ = [
+    "EXPERIMENT_DIR",
+    "EXPERIMENT_TAG",
+    "STUDY_AXES",
+    "experiment_summary",
+    "hparam_info",
+    "write_experiment",
+    "write_session",
+]

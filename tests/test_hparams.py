@@ -1,0 +1,64 @@
+"""HParams declarations: swept settings first, discrete domains, sessions without fake metric points."""
+
+from __future__ import annotations
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import api_pb2, metadata
+
+from study.hparams import experiment_summary, write_experiment, write_session
+
+
+def _experiment(summary) -> api_pb2.Experiment:
+    (value,) = summary.value
+    assert value.tag == metadata.EXPERIMENT_TAG
+    return metadata.parse_experiment_plugin_data(value.metadata.plugin_data.content)
+
+
+def test_swept_settings_first_with_their_domains():
+    hparams = {
+        "attention/alpha": [1.5, 1.5],
+        "attention/temperature": [0.1, 1.0, 0.1],
+        "attention/top_k": [0, 8],
+        "attention/normalizer": ["softmax"],
+        "learnable": [False],
+    }
+    experiment = _experiment(experiment_summary(hparams, ["val/loss", "val/ppl"]))
+    names = [info.name for info in experiment.hparam_infos]
+    assert names == ["attention/temperature", "attention/top_k", "attention/alpha", "attention/normalizer", "learnable"]
+    assert [info.differs for info in experiment.hparam_infos] == [True, True, False, False, False]
+    temperature = experiment.hparam_infos[0]
+    assert temperature.type == api_pb2.DATA_TYPE_FLOAT64
+    assert [v.number_value for v in temperature.domain_discrete.values] == [0.1, 1.0]
+    assert experiment.hparam_infos[3].domain_discrete.values[0].string_value == "softmax"
+    assert experiment.hparam_infos[4].type == api_pb2.DATA_TYPE_BOOL
+    assert [m.name.tag for m in experiment.metric_infos] == ["val/loss", "val/ppl"]
+    with pytest.raises(ValueError, match="at least one"):
+        experiment_summary({}, ["val/loss"])
+
+
+def test_written_experiment_and_session(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = write_experiment(tmp_path, {"attention/temperature": [0.1, 1.0], "lr": [3e-4]}, ["val/loss"])
+    write_experiment(tmp_path, {"attention/temperature": [0.3, 1.0], "lr": [3e-4]}, ["val/loss"])  # replaces
+    acc = EventAccumulator(str(folder)).Reload()
+    (content,) = acc.PluginTagToContent(metadata.PLUGIN_NAME).values()
+    experiment = metadata.parse_experiment_plugin_data(content)
+    assert [v.number_value for v in experiment.hparam_infos[0].domain_discrete.values] == [0.3, 1.0]
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1
+
+    run = tmp_path / "run"
+    writer = SummaryWriter(str(run))
+    params = {"attention/alpha": 1.5, "attention/temperature": 0.1, "attention/top_k": 0, "lr": 3e-4}
+    write_session(writer, params, ["val/loss"], experiment=True, group="T0.1")
+    writer.close()
+    acc = EventAccumulator(str(run)).Reload()
+    tags = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+    assert set(tags) == {metadata.EXPERIMENT_TAG, metadata.SESSION_START_INFO_TAG, metadata.SESSION_END_INFO_TAG}
+    # A run alone lists the study's axes first, the rest by name.
+    names = [i.name for i in metadata.parse_experiment_plugin_data(tags[metadata.EXPERIMENT_TAG]).hparam_infos]
+    assert names == ["attention/temperature", "attention/top_k", "attention/alpha", "lr"]
+    start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["attention/temperature"].number_value == 0.1 and start.group_name == "T0.1"
+    assert acc.Tags()["scalars"] == []  # no made-up metric points

@@ -371,7 +371,7 @@ def run(args) -> Path:
     out = fresh_dir(out)
     results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
                       temperatures=args.temperatures, vectors=args.vectors, mc_samples=args.mc_samples,
-                      seed=args.seed, layers=args.layers)
+                      seed=args.seed, layers=args.layers, show_progress=True)
     results["source"] = {"model": args.model, "model_kind": kind, "text": args.text,
                          "tokenizer": args.tokenizer or "the model's own", "device": args.device}
     paths = write_outputs(results, out, figures=args.figures)

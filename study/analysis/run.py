@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from study.progress import progress
+
 from . import algorithms as A
 from . import reference as R
 from .capture import capture_attention, context_length
@@ -82,13 +84,15 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             separability_ns: Sequence[int] | None = None, temperatures: Sequence[float] | None = None,
             epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 4,
             alphas: Sequence[float] = (0.01, 0.05), spectral_rows: int = 32, seed: int = 0,
-            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None) -> dict:
+            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None,
+            show_progress: bool = False) -> dict:
     """Capture the model's attention on `input_ids` (B, L) and run Algorithms 1-5 and Lemma 1.
 
     Returns plain Python (JSON-serialisable) results: every per-head number, the aggregates, and the
     choices made (vectors, distance reading, alpha values, reconstructions). The longest length is
     input_ids.shape[1]; `lengths` must lie in [1, that]. `layers` restricts the analyses to those layer
-    indices (all by default); per-layer arrays follow `choices["layers"]`.
+    indices (all by default); per-layer arrays follow `choices["layers"]`. `show_progress` reports each layer
+    with the time left (`study.progress`).
     """
     if vectors not in ("value", "hidden"):
         raise ValueError(f"vectors must be 'value' or 'hidden', got {vectors!r}")
@@ -148,7 +152,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         seconds[name] += now - clock[0]
         clock[0] = now
 
-    for layer in layers:
+    for layer in progress(layers, "analyze", unit="layer", enabled=show_progress):
         clock[0] = time.perf_counter()
         w = cap.weights(layer, dtype=dtype)
         x = cap.vectors(layer, vectors, dtype=dtype)

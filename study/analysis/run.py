@@ -20,7 +20,9 @@ import csv
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,151 @@ def _prefix_means(stat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     return (total[:, idx] / count[:, idx]).permute(1, 2, 0)  # NaN where nothing was defined
 
 
+@dataclass(frozen=True)
+class Grids:
+    """The validated grids of one analysis (every length, N and T it evaluates)."""
+
+    lengths: list[int]  # Alg. 1 lengths L (the last is the longest)
+    n_fixed: int  # Alg. 1's N
+    ns: list[int]  # Alg. 2's N, those <= the longest L
+    distance_ns: list[int]  # ns and n_fixed: the N the distance statistics are computed at
+    critical_ns: list[int]  # Alg. 3's grid of N
+    separability_ns: list[int]  # Alg. 4's N
+    temperatures: list[float]  # Alg. 5's T
+    epsilons: list[float]  # Alg. 5's probe sizes
+    spectral_rows: torch.Tensor  # rows whose exact Jacobian norm is computed
+
+    @property
+    def max_len(self) -> int:
+        return self.lengths[-1]
+
+
+def check_grids(input_ids: torch.Tensor, limit: int | None, *, lengths, ns, n_fixed, critical_ns, separability_ns,
+                temperatures, epsilons, spectral_rows: int) -> Grids:
+    """Validate every grid against the text length and the model's context; raise ValueError naming the value."""
+    max_len = input_ids.shape[1]
+    lengths = sorted(set(int(n) for n in (lengths or default_lengths(max_len))))
+    for n in lengths + [max_len]:
+        if limit is not None and n > limit:
+            raise ValueError(f"L={n} exceeds the model's context {limit}")
+        if n < 1 or n > max_len:
+            raise ValueError(f"L={n} is outside the text length 1..{max_len}")
+    max_len = max(lengths)
+    if n_fixed > max_len:
+        raise ValueError(f"N={n_fixed} exceeds L={max_len}")
+    for n in ns:
+        if n < 1:
+            raise ValueError(f"N must be >= 1, got N={n}")
+    ns_fixed_l = sorted({int(n) for n in ns if n <= max_len})  # Alg. 2: {1, 5, 10, 20, 100} filtered to <= L
+    sep_ns = separability_ns or [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < max_len]
+    return Grids(
+        lengths=lengths,
+        n_fixed=int(n_fixed),
+        ns=ns_fixed_l,
+        distance_ns=sorted(set(ns_fixed_l) | {int(n_fixed)}),
+        critical_ns=A.check_ns(critical_ns or default_critical_ns(max_len), max_len),
+        separability_ns=A.check_ns(sep_ns, max_len),
+        temperatures=A.check_temperatures(temperatures or default_temperatures()),
+        epsilons=[float(e) for e in epsilons],
+        spectral_rows=torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long()),
+    )
+
+
+@contextmanager
+def timed(seconds: dict[str, float], name: str) -> Iterator[None]:
+    """Add the block's wall time to ``seconds[name]``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] += time.perf_counter() - start
+
+
+class LayerResults:
+    """Per-layer results of each algorithm, appended layer by layer ([layer][...][head] once stacked)."""
+
+    DISTANCES = ("d_sum_outside", "d_norm_of_sum", "bound", "expectation", "mc_expectation")
+    SEPARABILITY = ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")
+    DILUTION = ("max_weight", "scaled_min", "scaled_max", "entropy")
+
+    def __init__(self, grids: Grids, *, mc_samples: int, seed: int) -> None:
+        self.grids, self.mc_samples, self.seed = grids, mc_samples, seed
+        self.alg1 = {k: [] for k in self.DISTANCES}
+        self.alg2 = {k: [] for k in self.DISTANCES}
+        self.crit_d: list[torch.Tensor] = []
+        self.crit_e: list[torch.Tensor] = []
+        self.alg4 = {k: [] for k in self.SEPARABILITY}
+        self.g_heads: list[torch.Tensor] = []
+        self.spec_mean: list[torch.Tensor] = []
+        self.spec_max: list[torch.Tensor] = []
+        self.dil = {k: [] for k in self.DILUTION}
+
+    def distances(self, layer: int, w: torch.Tensor, x: torch.Tensor) -> None:
+        """Algorithms 1 and 2: d, its bound and E at N = n_fixed over L, and at L = max over N."""
+        g = self.grids
+        d = A.distance_stats(w, x, g.distance_ns, mc_samples=self.mc_samples, seed=self.seed + layer)
+        at_n_fixed = g.distance_ns.index(g.n_fixed)
+        for k in self.DISTANCES:
+            if k == "mc_expectation" and self.mc_samples == 0:
+                continue
+            pm = _prefix_means(d[k], g.lengths)  # (nL, G, H)
+            self.alg1[k].append(pm[:, at_n_fixed])  # (nL, H)
+            self.alg2[k].append(pm[-1, [g.distance_ns.index(n) for n in g.ns]])  # (len(ns), H)
+
+    def critical(self, w: torch.Tensor, x: torch.Tensor) -> None:
+        """Algorithm 3's inputs: per-head d and E over the critical grid of N, at each L."""
+        c = A.distance_stats(w, x, self.grids.critical_ns, bound=False)
+        self.crit_d.append(_prefix_means(c["d_sum_outside"], self.grids.lengths))
+        self.crit_e.append(_prefix_means(c["expectation"], self.grids.lengths))
+
+    def separability(self, w: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+        """Algorithm 4: N_s/N and both bounds per N at the longest L."""
+        max_len = self.grids.max_len
+        s = A.separability_stats(w, x, self.grids.separability_ns)
+        for k in ("ratio", "lower", "upper", "xi_clamped"):
+            self.alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
+        within = ((s["ratio"] >= s["lower"] - 1e-6) & (s["ratio"] <= s["upper"] + 1e-6)).to(dtype)
+        above = (s["ratio"] >= s["lower"] - 1e-6).to(dtype)
+        self.alg4["within_bounds"].append(_prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0])
+        self.alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
+        self.alg4["radius"].append(s["radius"].mean(0))
+
+    def gradient(self, cap, layer: int, logits: torch.Tensor) -> None:
+        """Algorithm 5: the finite-difference probe g(T, eps) and the exact Jacobian norm on sampled rows."""
+        g = self.grids
+        # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
+        # layer's own map (normaliser and top-k) at each probe temperature.
+        normalize = None if cap.is_softmax(layer) else (lambda z, layer=layer: cap.normalize(layer, z))
+        probe = A.gradient_sensitivity(logits, g.temperatures, g.epsilons, seed=self.seed + layer, normalize=normalize)
+        self.g_heads.append(probe["g"].mean(dim=(0, 2)))  # (H, nT, nE)
+        causal = torch.ones(g.max_len, g.max_len, dtype=torch.bool).tril()[g.spectral_rows]
+        rows = logits[:, :, g.spectral_rows].double()
+        norms = torch.stack([A.softmax_jacobian_norm(
+            torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in g.temperatures], -1)
+        self.spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
+        self.spec_max.append(norms.amax(dim=(0, 2)))
+
+    def dilution(self, w: torch.Tensor) -> None:
+        """Lemma 1: max weight and n * min/max weight at visible count n = each L."""
+        dl = A.dilution_stats(w)
+        for k in self.DILUTION:
+            self.dil[k].append(dl[k][:, :, [n - 1 for n in self.grids.lengths]].double().mean(0))  # (H, nL)
+
+    def critical_n(self, alphas: Sequence[float]) -> list[dict]:
+        """Algorithm 3 over all heads of all layers: N* per L."""
+        crit_d = torch.cat(self.crit_d, dim=-1)  # (nL, G, layers * heads)
+        crit_e = torch.cat(self.crit_e, dim=-1)
+        out = []
+        for li, n_len in enumerate(self.grids.lengths):
+            grid = [n for n in self.grids.critical_ns if n <= n_len]
+            rows = [self.grids.critical_ns.index(n) for n in grid]
+            res = A.critical_n(crit_d[li, rows], crit_e[li, rows], grid, alphas)
+            res["length"] = n_len
+            res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
+            out.append(res)
+        return out
+
+
 @torch.no_grad()
 def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = None,
             ns: Sequence[int] = PAPER_NS, n_fixed: int = 5, critical_ns: Sequence[int] | None = None,
@@ -101,32 +248,14 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         input_ids = input_ids[None]
     if input_ids.ndim != 2 or input_ids.numel() == 0:
         raise ValueError(f"empty text: input_ids must be (B, L) with L >= 1, got shape {tuple(input_ids.shape)}")
-    max_len = input_ids.shape[1]
     limit = context_length(model)
-    lengths = sorted(set(int(n) for n in (lengths or default_lengths(max_len))))
-    for n in lengths + [max_len]:
-        if limit is not None and n > limit:
-            raise ValueError(f"L={n} exceeds the model's context {limit}")
-        if n < 1 or n > max_len:
-            raise ValueError(f"L={n} is outside the text length 1..{max_len}")
-    max_len = max(lengths)
-    input_ids = input_ids[:, :max_len]
-    if n_fixed > max_len:
-        raise ValueError(f"N={n_fixed} exceeds L={max_len}")
-    for n in ns:
-        if n < 1:
-            raise ValueError(f"N must be >= 1, got N={n}")
-    ns_fixed_l = sorted({int(n) for n in ns if n <= max_len})  # Alg. 2: {1, 5, 10, 20, 100} filtered to <= L
-    dist_ns = sorted(set(ns_fixed_l) | {int(n_fixed)})
-    crit_ns = A.check_ns(critical_ns or default_critical_ns(max_len), max_len)
-    sep_ns = separability_ns or [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < max_len]
-    sep_ns = A.check_ns(sep_ns, max_len)
-    temperatures = A.check_temperatures(temperatures or default_temperatures())
-    epsilons = [float(e) for e in epsilons]
+    grids = check_grids(input_ids, limit, lengths=lengths, ns=ns, n_fixed=n_fixed, critical_ns=critical_ns,
+                        separability_ns=separability_ns, temperatures=temperatures, epsilons=epsilons,
+                        spectral_rows=spectral_rows)
+    input_ids = input_ids[:, : grids.max_len]
 
     started = time.perf_counter()
     cap = capture_attention(model, input_ids, hidden_states=(vectors == "hidden"))
-    n_heads = cap.n_heads
     if layers is None:
         layers = list(range(cap.n_layers))
     else:
@@ -134,132 +263,91 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         bad = [i for i in layers if not 0 <= i < cap.n_layers]
         if bad or not layers:
             raise ValueError(f"layers {bad or layers} not in the model, which has layers 0..{cap.n_layers - 1}")
-    gi = dist_ns.index(n_fixed)
-    alg1 = {k: [] for k in ("d_sum_outside", "d_norm_of_sum", "bound", "expectation", "mc_expectation")}
-    alg2 = {k: [] for k in alg1}
-    crit_d, crit_e = [], []
-    alg4 = {k: [] for k in ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")}
-    g_heads, spec_mean, spec_max = [], [], []
-    dil = {k: [] for k in ("max_weight", "scaled_min", "scaled_max", "entropy")}
-    spectral_idx = torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long())
+    acc = LayerResults(grids, mc_samples=mc_samples, seed=seed)
     seconds = dict.fromkeys(("capture", "alg1_2_distance", "alg3_critical", "alg4_separability",
                              "alg5_gradient", "lemma1_dilution"), 0.0)
     seconds["capture"] = time.perf_counter() - started
-    clock = [time.perf_counter()]
-
-    def lap(name):
-        now = time.perf_counter()
-        seconds[name] += now - clock[0]
-        clock[0] = now
-
     for layer in progress(layers, "analyze", unit="layer", enabled=show_progress):
-        clock[0] = time.perf_counter()
         w = cap.weights(layer, dtype=dtype)
         x = cap.vectors(layer, vectors, dtype=dtype)
-        d = A.distance_stats(w, x, dist_ns, mc_samples=mc_samples, seed=seed + layer)
-        for k in alg1:
-            if k == "mc_expectation" and mc_samples == 0:
-                continue
-            pm = _prefix_means(d[k], lengths)  # (nL, G, H)
-            alg1[k].append(pm[:, gi])  # (nL, H)
-            alg2[k].append(pm[-1, [dist_ns.index(n) for n in ns_fixed_l]])  # (len(ns), H)
-        lap("alg1_2_distance")
-        c = A.distance_stats(w, x, crit_ns, bound=False)
-        crit_d.append(_prefix_means(c["d_sum_outside"], lengths))
-        crit_e.append(_prefix_means(c["expectation"], lengths))
-        lap("alg3_critical")
-        s = A.separability_stats(w, x, sep_ns)
-        for k in ("ratio", "lower", "upper", "xi_clamped"):
-            alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
-        within = ((s["ratio"] >= s["lower"] - 1e-6) & (s["ratio"] <= s["upper"] + 1e-6)).to(dtype)
-        above = (s["ratio"] >= s["lower"] - 1e-6).to(dtype)
-        alg4["within_bounds"].append(_prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0])
-        alg4["above_lower"].append(_prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0])
-        alg4["radius"].append(s["radius"].mean(0))
-        lap("alg4_separability")
-        logits = cap.logits(layer, dtype=dtype)
-        # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
-        # layer's own map (normaliser and top-k) at each probe temperature.
-        normalize = None if cap.is_softmax(layer) else (lambda z, layer=layer: cap.normalize(layer, z))
-        g = A.gradient_sensitivity(logits, temperatures, epsilons, seed=seed + layer, normalize=normalize)["g"]
-        g_heads.append(g.mean(dim=(0, 2)))  # (H, nT, nE)
-        causal = torch.ones(max_len, max_len, dtype=torch.bool).tril()[spectral_idx]
-        rows = logits[:, :, spectral_idx].double()
-        norms = torch.stack([A.softmax_jacobian_norm(
-            torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in temperatures], -1)
-        spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
-        spec_max.append(norms.amax(dim=(0, 2)))
-        lap("alg5_gradient")
-        dl = A.dilution_stats(w)
-        for k in dil:
-            dil[k].append(dl[k][:, :, [n - 1 for n in lengths]].double().mean(0))  # (H, nL)
-        del w, x, logits
-        lap("lemma1_dilution")
+        with timed(seconds, "alg1_2_distance"):
+            acc.distances(layer, w, x)
+        with timed(seconds, "alg3_critical"):
+            acc.critical(w, x)
+        with timed(seconds, "alg4_separability"):
+            acc.separability(w, x, dtype)
+        with timed(seconds, "alg5_gradient"):
+            acc.gradient(cap, layer, cap.logits(layer, dtype=dtype))
+        with timed(seconds, "lemma1_dilution"):
+            acc.dilution(w)
+        del w, x
 
-    # Algorithm 3 over all heads of all layers.
-    crit_d = torch.cat(crit_d, dim=-1)  # (nL, G, layers * heads)
-    crit_e = torch.cat(crit_e, dim=-1)
-    alg3 = []
-    for li, n_len in enumerate(lengths):
-        grid = [n for n in crit_ns if n <= n_len]
-        rows = [crit_ns.index(n) for n in grid]
-        res = A.critical_n(crit_d[li, rows], crit_e[li, rows], grid, alphas)
-        res["length"] = n_len
-        res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
-        alg3.append(res)
-
-    specs = [cap.spec(layer) for layer in layers]
-    normalizers = sorted({sp.normalizer for sp in specs})
-    all_softmax = all(sp.is_stock_softmax for sp in specs)
-    g_all = torch.stack(g_heads)  # (layers, H, nT, nE)
-    g_max = g_all.flatten(0, 1).amax(0)  # (nT, nE): max over heads
-    tt = torch.tensor(temperatures, dtype=torch.float64)
-    spec_max_all = torch.stack(spec_max).flatten(0, 1).amax(0)
-    stack = lambda xs: torch.stack(xs)  # noqa: E731 (layer-major: [layer][...][head])
     results = {
-        "choices": {
-            "vectors": vectors,
-            "vector_note": "per-head value vectors v_i" if vectors == "value"
-            else "hidden state entering each block (residual stream), shared by the block's heads",
-            "distance_reading": "sum_outside (main); norm_of_sum also reported",
-            "alphas": list(alphas),
-            "n_fixed": n_fixed, "lengths": lengths, "ns": ns_fixed_l, "critical_ns": crit_ns,
-            "separability_ns": sep_ns, "temperatures": temperatures, "epsilons": epsilons,
-            "mc_samples": mc_samples, "seed": seed, "layers": layers, "dtype": str(dtype), "spectral_rows": spectral_idx.tolist(),
-            "sphere_radius": "M = mean norm of the head's vectors over positions (per batch item and head)",
-            "token_average": "rows where the statistic is defined (visible >= N; > N for separability), batch pooled",
-            "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
-            "weights": "each layer's own attention weights: its normaliser, temperature and top-k "
-                       "(the spec set by apply_attention_spec; stock softmax at T = 1 without one)",
-            "gradient_probe": "softmax((l + eps v)/T) (the paper's probe)" if all_softmax else
-            "finite differences through each layer's own normaliser and top-k at probe temperature T "
-            "(softmax layers: the paper's softmax probe); the spectral norms are of the softmax Jacobian at "
-            "the same logits, a reference only for non-softmax layers",
-            "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
-                                "Theorem 2 xi, lower and upper bounds"],
-        },
-        "model": {**cap.meta, "layers": cap.n_layers, "heads": n_heads, "batch": int(input_ids.shape[0]),
-                  "max_length": max_len, "context": limit, "normalizers": normalizers,
-                  "attention": [{"layer": i, **sp.as_hparams()} for i, sp in zip(layers, specs)]},
-        # Per head arrays are indexed [layer][length or N][head].
-        "alg1_distance_vs_length": {k: _plain(stack(v)) for k, v in alg1.items() if v},
-        "alg2_distance_vs_n": {k: _plain(stack(v)) for k, v in alg2.items() if v},
-        "alg3_critical_n": _plain(alg3),
-        "alg4_separability": {k: _plain(stack(v)) for k, v in alg4.items()},
-        "alg5_gradient": {
-            "g_per_head": _plain(g_all),  # [layer][head][T][eps]
-            "g_max_over_heads": _plain(g_max),  # [T][eps]
-            "spectral_mean_per_head": _plain(torch.stack(spec_mean)),  # [layer][head][T]
-            "spectral_max_over_heads": _plain(spec_max_all),
-            "bound_min_quarter_over_t_sqrt2": _plain(torch.clamp(0.25 / tt, max=math.sqrt(2))),
-            "half_over_t": _plain(0.5 / tt),
-        },
-        "lemma1_dilution": {k: _plain(stack(v)) for k, v in dil.items()},  # [layer][head][length]
+        "choices": _choices(grids, cap, layers, vectors=vectors, alphas=alphas, mc_samples=mc_samples, seed=seed,
+                            dtype=dtype),
+        "model": _model_summary(cap, layers, batch=int(input_ids.shape[0]), max_len=grids.max_len, context=limit),
+        **_stacked(acc, alphas),
         "seconds": time.perf_counter() - started,
         "seconds_by_step": seconds,
     }
     results["claims"] = compare_with_paper(results)
     return results
+
+
+def _choices(grids: Grids, cap, layers: list[int], *, vectors: str, alphas, mc_samples: int, seed: int,
+             dtype: torch.dtype) -> dict:
+    """Every choice the analysis made, written beside the numbers."""
+    all_softmax = all(cap.spec(layer).is_stock_softmax for layer in layers)
+    return {
+        "vectors": vectors,
+        "vector_note": "per-head value vectors v_i" if vectors == "value"
+        else "hidden state entering each block (residual stream), shared by the block's heads",
+        "distance_reading": "sum_outside (main); norm_of_sum also reported",
+        "alphas": list(alphas),
+        "n_fixed": grids.n_fixed, "lengths": grids.lengths, "ns": grids.ns, "critical_ns": grids.critical_ns,
+        "separability_ns": grids.separability_ns, "temperatures": grids.temperatures, "epsilons": grids.epsilons,
+        "mc_samples": mc_samples, "seed": seed, "layers": layers, "dtype": str(dtype),
+        "spectral_rows": grids.spectral_rows.tolist(),
+        "sphere_radius": "M = mean norm of the head's vectors over positions (per batch item and head)",
+        "token_average": "rows where the statistic is defined (visible >= N; > N for separability), batch pooled",
+        "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
+        "weights": "each layer's own attention weights: its normaliser, temperature and top-k "
+                   "(the spec set by apply_attention_spec; stock softmax at T = 1 without one)",
+        "gradient_probe": "softmax((l + eps v)/T) (the paper's probe)" if all_softmax else
+        "finite differences through each layer's own normaliser and top-k at probe temperature T "
+        "(softmax layers: the paper's softmax probe); the spectral norms are of the softmax Jacobian at "
+        "the same logits, a reference only for non-softmax layers",
+        "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
+                            "Theorem 2 xi, lower and upper bounds"],
+    }
+
+
+def _model_summary(cap, layers: list[int], *, batch: int, max_len: int, context: int | None) -> dict:
+    specs = [cap.spec(layer) for layer in layers]
+    return {**cap.meta, "layers": cap.n_layers, "heads": cap.n_heads, "batch": batch, "max_length": max_len,
+            "context": context, "normalizers": sorted({sp.normalizer for sp in specs}),
+            "attention": [{"layer": i, **sp.as_hparams()} for i, sp in zip(layers, specs)]}
+
+
+def _stacked(acc: LayerResults, alphas) -> dict:
+    """The per-layer results as nested lists; per-head arrays are indexed [layer][length or N][head]."""
+    tt = torch.tensor(acc.grids.temperatures, dtype=torch.float64)
+    g_all = torch.stack(acc.g_heads)  # (layers, H, nT, nE)
+    return {
+        "alg1_distance_vs_length": {k: _plain(torch.stack(v)) for k, v in acc.alg1.items() if v},
+        "alg2_distance_vs_n": {k: _plain(torch.stack(v)) for k, v in acc.alg2.items() if v},
+        "alg3_critical_n": _plain(acc.critical_n(alphas)),
+        "alg4_separability": {k: _plain(torch.stack(v)) for k, v in acc.alg4.items()},
+        "alg5_gradient": {
+            "g_per_head": _plain(g_all),  # [layer][head][T][eps]
+            "g_max_over_heads": _plain(g_all.flatten(0, 1).amax(0)),  # [T][eps]: max over heads
+            "spectral_mean_per_head": _plain(torch.stack(acc.spec_mean)),  # [layer][head][T]
+            "spectral_max_over_heads": _plain(torch.stack(acc.spec_max).flatten(0, 1).amax(0)),
+            "bound_min_quarter_over_t_sqrt2": _plain(torch.clamp(0.25 / tt, max=math.sqrt(2))),
+            "half_over_t": _plain(0.5 / tt),
+        },
+        "lemma1_dilution": {k: _plain(torch.stack(v)) for k, v in acc.dil.items()},  # [layer][head][length]
+    }
 
 
 def _median_over_heads(per_layer: list, index: int) -> float | None:

@@ -9,7 +9,8 @@ from .algorithms import (
     softmax_jacobian_norm,
 )
 from .capture import AttentionCapture, capture_attention, context_length
-from .run import analyze, benchmark_against_oracle, compare_with_paper, write_outputs
+from .outputs import write_outputs
+from .run import analyze, benchmark_against_oracle, compare_with_paper
 
 __all__ = [
     "AttentionCapture",

@@ -334,7 +334,8 @@ def write_tensorboard(results: dict, out: Path) -> Path:
 def run(args) -> Path:
     import torch
 
-    from .run import PAPER_NS, analyze, write_outputs
+    from .outputs import write_outputs
+    from .run import PAPER_NS, analyze
 
     check_numbers(args)
     kind = model_kind(args.model)

@@ -27,8 +27,17 @@ import torch
 
 from study.progress import progress
 
-from . import algorithms as A
-from . import reference as R
+from .algorithms import (
+    check_ns,
+    check_temperatures,
+    critical_n,
+    dilution_stats,
+    distance_stats,
+    gradient_sensitivity,
+    separability_stats,
+    softmax_jacobian_norm,
+)
+from .reference import distance_row
 from .capture import capture_attention, context_length
 
 PAPER_NS = (1, 5, 10, 20, 100)
@@ -119,9 +128,9 @@ def check_grids(input_ids: torch.Tensor, limit: int | None, *, lengths, ns, n_fi
         n_fixed=int(n_fixed),
         ns=ns_fixed_l,
         distance_ns=sorted(set(ns_fixed_l) | {int(n_fixed)}),
-        critical_ns=A.check_ns(critical_ns or default_critical_ns(max_len), max_len),
-        separability_ns=A.check_ns(sep_ns, max_len),
-        temperatures=A.check_temperatures(temperatures or default_temperatures()),
+        critical_ns=check_ns(critical_ns or default_critical_ns(max_len), max_len),
+        separability_ns=check_ns(sep_ns, max_len),
+        temperatures=check_temperatures(temperatures or default_temperatures()),
         epsilons=[float(e) for e in epsilons],
         spectral_rows=torch.unique(torch.linspace(0, max_len - 1, min(spectral_rows, max_len)).round().long()),
     )
@@ -159,7 +168,7 @@ class LayerResults:
     def distances(self, layer: int, w: torch.Tensor, x: torch.Tensor) -> None:
         """Algorithms 1 and 2: d, its bound and E at N = n_fixed over L, and at L = max over N."""
         g = self.grids
-        d = A.distance_stats(w, x, g.distance_ns, mc_samples=self.mc_samples, seed=self.seed + layer)
+        d = distance_stats(w, x, g.distance_ns, mc_samples=self.mc_samples, seed=self.seed + layer)
         at_n_fixed = g.distance_ns.index(g.n_fixed)
         for k in self.DISTANCES:
             if k == "mc_expectation" and self.mc_samples == 0:
@@ -170,14 +179,14 @@ class LayerResults:
 
     def critical(self, w: torch.Tensor, x: torch.Tensor) -> None:
         """Algorithm 3's inputs: per-head d and E over the critical grid of N, at each L."""
-        c = A.distance_stats(w, x, self.grids.critical_ns, bound=False)
+        c = distance_stats(w, x, self.grids.critical_ns, bound=False)
         self.crit_d.append(_prefix_means(c["d_sum_outside"], self.grids.lengths))
         self.crit_e.append(_prefix_means(c["expectation"], self.grids.lengths))
 
     def separability(self, w: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
         """Algorithm 4: N_s/N and both bounds per N at the longest L."""
         max_len = self.grids.max_len
-        s = A.separability_stats(w, x, self.grids.separability_ns)
+        s = separability_stats(w, x, self.grids.separability_ns)
         for k in ("ratio", "lower", "upper", "xi_clamped"):
             self.alg4[k].append(_prefix_means(s[k], [max_len])[0])  # (G, H)
         within = ((s["ratio"] >= s["lower"] - 1e-6) & (s["ratio"] <= s["upper"] + 1e-6)).to(dtype)
@@ -192,22 +201,22 @@ class LayerResults:
         # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
         # layer's own map (normaliser and top-k) at each probe temperature.
         normalize = None if cap.is_softmax(layer) else (lambda z, layer=layer: cap.normalize(layer, z))
-        probe = A.gradient_sensitivity(logits, g.temperatures, g.epsilons, seed=self.seed + layer, normalize=normalize)
+        probe = gradient_sensitivity(logits, g.temperatures, g.epsilons, seed=self.seed + layer, normalize=normalize)
         self.g_heads.append(probe["g"].mean(dim=(0, 2)))  # (H, nT, nE)
         causal = torch.ones(g.max_len, g.max_len, dtype=torch.bool).tril()[g.spectral_rows]
         rows = logits[:, :, g.spectral_rows].double()
-        norms = torch.stack([A.softmax_jacobian_norm(
+        norms = torch.stack([softmax_jacobian_norm(
             torch.softmax((rows / T).masked_fill(~causal, -math.inf), -1), T) for T in g.temperatures], -1)
         self.spec_mean.append(norms.mean(dim=(0, 2)))  # (H, nT)
         self.spec_max.append(norms.amax(dim=(0, 2)))
 
     def dilution(self, w: torch.Tensor) -> None:
         """Lemma 1: max weight and n * min/max weight at visible count n = each L."""
-        dl = A.dilution_stats(w)
+        dl = dilution_stats(w)
         for k in self.DILUTION:
             self.dil[k].append(dl[k][:, :, [n - 1 for n in self.grids.lengths]].double().mean(0))  # (H, nL)
 
-    def critical_n(self, alphas: Sequence[float]) -> list[dict]:
+    def n_star_per_length(self, alphas: Sequence[float]) -> list[dict]:
         """Algorithm 3 over all heads of all layers: N* per L."""
         crit_d = torch.cat(self.crit_d, dim=-1)  # (nL, G, layers * heads)
         crit_e = torch.cat(self.crit_e, dim=-1)
@@ -215,7 +224,7 @@ class LayerResults:
         for li, n_len in enumerate(self.grids.lengths):
             grid = [n for n in self.grids.critical_ns if n <= n_len]
             rows = [self.grids.critical_ns.index(n) for n in grid]
-            res = A.critical_n(crit_d[li, rows], crit_e[li, rows], grid, alphas)
+            res = critical_n(crit_d[li, rows], crit_e[li, rows], grid, alphas)
             res["length"] = n_len
             res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
             out.append(res)
@@ -333,7 +342,7 @@ def _stacked(acc: LayerResults, alphas) -> dict:
     return {
         "alg1_distance_vs_length": {k: _plain(torch.stack(v)) for k, v in acc.alg1.items() if v},
         "alg2_distance_vs_n": {k: _plain(torch.stack(v)) for k, v in acc.alg2.items() if v},
-        "alg3_critical_n": _plain(acc.critical_n(alphas)),
+        "alg3_critical_n": _plain(acc.n_star_per_length(alphas)),
         "alg4_separability": {k: _plain(torch.stack(v)) for k, v in acc.alg4.items()},
         "alg5_gradient": {
             "g_per_head": _plain(g_all),  # [layer][head][T][eps]
@@ -417,9 +426,9 @@ def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, see
     w = torch.softmax(logits.masked_fill(~causal, -math.inf), -1)
     x = torch.randn(L, dim, generator=gen, dtype=torch.float64)
     w32, x32 = w.float(), x.float()
-    A.distance_stats(w32[:8, :8], x32[:8], [1])  # warm-up
+    distance_stats(w32[:8, :8], x32[:8], [1])  # warm-up
     t0 = time.perf_counter()
-    vec = A.distance_stats(w32, x32, [n_top])
+    vec = distance_stats(w32, x32, [n_top])
     t_vec = time.perf_counter() - t0
     rows = range(L) if oracle_rows is None else np.unique(np.linspace(n_top - 1, L - 1, oracle_rows).astype(int))
     wn, xn = w.numpy(), x.numpy()
@@ -428,7 +437,7 @@ def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, see
     for t in rows:
         if t + 1 < n_top:
             continue
-        ref = R.distance_row(wn[t, : t + 1], xn[: t + 1], n_top)
+        ref = distance_row(wn[t, : t + 1], xn[: t + 1], n_top)
         err = max(err, abs(ref["d_sum_outside"] - vec["d_sum_outside"][t, 0].item())
                   / max(1e-12, abs(ref["d_sum_outside"])))
     t_loop = time.perf_counter() - t0

@@ -37,8 +37,8 @@ from .algorithms import (
     separability_stats,
     softmax_jacobian_norm,
 )
-from .reference import distance_row
 from .capture import capture_attention, context_length
+from .reference import distance_row
 
 PAPER_NS = (1, 5, 10, 20, 100)
 PAPER_EPSILONS = (1e-3, 1e-1, 10.0)

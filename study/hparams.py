@@ -35,6 +35,9 @@ from tensorboard.plugins.hparams.metadata import (
 STUDY_AXES = ("attention/temperature", "attention/top_k", "attention/normalizer")
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
 
+HPARAMS_METRICS = ("val/loss", "val/ppl", "train/loss")
+"""The metrics HParams compares runs by."""
+
 EXPERIMENT_DIR = "hparams"
 """A sweep's experiment declaration lives in ``<sweep>/hparams/``."""
 
@@ -148,6 +151,7 @@ def write_experiment(
 __all__ = [
     "EXPERIMENT_DIR",
     "EXPERIMENT_TAG",
+    "HPARAMS_METRICS",
     "STUDY_AXES",
     "experiment_summary",
     "hparam_info",

@@ -9,6 +9,7 @@ implementation in every DDP worker.
 from __future__ import annotations
 
 import math
+import os
 from functools import partial
 
 import lightning as L
@@ -18,6 +19,7 @@ from torchmetrics.aggregation import MeanMetric
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
+from study.hparams import HPARAMS_METRICS, write_session
 
 
 class GPT2Module(L.LightningModule):
@@ -37,6 +39,8 @@ class GPT2Module(L.LightningModule):
         betas: AdamW betas.
         warmup_steps: linear warm-up steps before the cosine decay.
         min_lr_ratio: final learning rate as a fraction of the peak at the end of cosine decay.
+        hparams_experiment: declare a one-run TensorBoard HParams experiment (temperature, top-k and normaliser
+            first). `study sweep` sets False and declares one experiment for all its runs (`study.hparams`).
 
     Example:
         >>> from study.attention import AttentionSpec
@@ -62,6 +66,7 @@ class GPT2Module(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
+        hparams_experiment: bool = True,
     ) -> None:
         super().__init__()
         attention = attention or AttentionSpec()
@@ -139,7 +144,7 @@ class GPT2Module(L.LightningModule):
         if self.trainer.is_global_zero:
             for logger in self.loggers:
                 if isinstance(logger, TensorBoardLogger):
-                    log_hparams(logger, self.hparam_summary(), metrics=("val/loss", "val/ppl"))
+                    write_session(logger, self.hparam_summary(), HPARAMS_METRICS, experiment=self.hparams.hparams_experiment)
 
     def hparam_summary(self) -> dict[str, float | int | str]:
         """Scalar hyperparameters for TensorBoard's HParams view: the attention spec first."""
@@ -153,6 +158,8 @@ class GPT2Module(L.LightningModule):
             block_size=hp.block_size or 0,
             attention_layers=len(attention_modules(self.model)),
         )
+        if os.environ.get("PL_GLOBAL_SEED"):  # set by `seed_everything` (the CLI's `seed_everything` option)
+            summary["seed"] = int(os.environ["PL_GLOBAL_SEED"])
         return summary
 
 
@@ -162,17 +169,3 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
         return (step + 1) / warmup
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def log_hparams(logger: TensorBoardLogger, params: dict, metrics: tuple[str, ...]) -> None:
-    """Write an HParams session that declares ``metrics`` without writing fake metric values.
-
-    `TensorBoardLogger.log_hyperparams(params, metrics)` also logs the metric values at step 0, which would put
-    a made-up point on the loss curve; the HParams view only needs the metric tags.
-    """
-    from torch.utils.tensorboard.summary import hparams
-
-    experiment, start, end = hparams(params, {name: 0.0 for name in metrics})
-    writer = logger.experiment._get_file_writer()
-    for summary in (experiment, start, end):
-        writer.add_summary(summary)

@@ -64,10 +64,9 @@ def test_sweep_creates_runs_then_skips_them(tmp_path, capsys):
     spec = write_spec(tmp_path, {"temperature": [0.1, 1.0], "top_k": [None, 2]})
     assert main(["--config", str(spec)]) == 0
     sweep = tmp_path / "logs" / "tiny"
-    names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert names == sorted(
-        ["T0.1_kall_softmax_s0", "T0.1_k2_softmax_s0", "T1_kall_softmax_s0", "T1_k2_softmax_s0"]
-    )
+    folders = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    names = sorted(["T0.1_kall_softmax_s0", "T0.1_k2_softmax_s0", "T1_kall_softmax_s0", "T1_k2_softmax_s0"])
+    assert folders == names + ["hparams"]  # hparams/: the sweep's one TensorBoard HParams experiment
     plan = json.loads((sweep / "plan.json").read_text())
     assert [r["name"] for r in plan["runs"]] == [
         "T0.1_kall_softmax_s0",

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 
+from study.hparams import HPARAMS_METRICS, write_experiment
 from study.sweep.runner import (
     FINAL_STATES,
     Progress,
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     (plan.sweep_dir / "plan.json").write_text(json.dumps(plan.as_dict(), indent=2, default=str))
+    write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
     if args.dry_run:
         for run in plan.runs:
             print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")

@@ -112,6 +112,16 @@ class Plan:
             "runs": [run.as_dict() for run in self.runs],
         }
 
+    def hparams_domains(self) -> dict[str, list]:
+        """Each grid setting's values over the runs, under the names the runs' HParams sessions use
+        (the LightningModule's `hparam_summary`), for the sweep's one HParams experiment."""
+        names = {"temperature": "attention/temperature", "top_k": "attention/top_k",
+                 "normalizer": "attention/normalizer", "seed": "seed"}
+        return {
+            names[key]: [0 if key == "top_k" and run.params[key] is None else run.params[key] for run in self.runs]
+            for key in GRID_KEYS
+        }
+
 
 def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) -> str:
     """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key)."""
@@ -307,6 +317,9 @@ def build_plan(
             _set_dotted(resolved, key, value)
         callbacks = callbacks_for(run_dir)
         args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
+        # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
+        args.append("--model.hparams_experiment=false")
+        _set_dotted(resolved, "model.hparams_experiment", False)
         _set_dotted(resolved, "trainer.logger", logger)
         _set_dotted(resolved, "trainer.callbacks", callbacks)
         args += list(passthrough or [])

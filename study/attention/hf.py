@@ -40,7 +40,7 @@ IMPLEMENTATION = "study"
 NO_EFFECT_ARGUMENTS = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "output_attentions",
     "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch", "cu_seq_lens_q",
-    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "token_type_ids", "layer_idx",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "token_type_ids", "layer_idx", "deterministic",
 })
 
 
@@ -65,7 +65,8 @@ def _attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
             softcap=softcap, position_bias=position_bias, **kwargs,
         )
-    unknown = sorted(set(kwargs) - NO_EFFECT_ARGUMENTS)
+    # An argument passed as None is absent (BERT's self-attention forwards encoder_hidden_states=None).
+    unknown = sorted(name for name, value in kwargs.items() if value is not None and name not in NO_EFFECT_ARGUMENTS)
     if unknown:
         raise ValueError(
             f"{type(module).__name__} passed {unknown} to its attention function; study.attention does not "

@@ -199,3 +199,27 @@ def test_model_without_attention_interface_is_refused_clearly():
     model = tiny_model("bloom")
     with pytest.raises(ValueError, match="no attention module that calls transformers' attention interface"):
         apply_attention_spec(model, AttentionSpec(temperature=0.5))
+
+
+@pytest.mark.parametrize("model_type", ["bart", "t5"])
+def test_cross_attention_stays_stock_and_unobserved(model_type):
+    """The documented choice: self-attention (encoder, then decoder) is numbered and switched; cross-attention
+    runs transformers' own SDPA and taps never see it (see `study.attention.hf`)."""
+    model = apply_attention_spec(tiny_model(model_type), AttentionSpec(temperature=0.5))
+    names = {id(m): n for n, m in model.named_modules()}
+    switched = [names[id(m)] for m in attention_modules(model)]
+    assert len(switched) == 4 and not any("encoder_attn" in n or "EncDecAttention" in n for n in switched)
+    assert switched[0].startswith("encoder") and switched[-1].startswith("decoder")
+    cross = [m for m in model.modules() if getattr(m, "study_cross_attention", False)]
+    assert len(cross) == 2
+
+    layers = []
+
+    class Seen:
+        def observe(self, layer, weights, allowed, spec):
+            layers.append(layer)
+
+    inputs, _ = model_inputs(model)
+    with torch.no_grad(), tapping(Seen()):
+        model(**inputs)
+    assert layers == [0, 1, 2, 3]

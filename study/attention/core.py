@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import tap
-from study.attention.normalizers import MASK_VALUE, NORMALIZERS, Normalizer, Softmax, top_k_allowed
+from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
+from study.attention.registry import normalizer_class
 from study.attention.select import top_k_indices
 from study.attention.spec import AttentionSpec
 
@@ -137,7 +138,7 @@ def attend(
     if visible is not None:
         allowed = allowed & visible
     if normalizer is None:
-        normalizer = NORMALIZERS[spec.normalizer].from_spec(spec, num_heads=query.shape[1]).to(query.device)
+        normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
 
     # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices and
     # the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite value

@@ -28,7 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from study.attention.core import attend
-from study.attention.normalizers import NORMALIZERS
+from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
 
 IMPLEMENTATION = "study"
@@ -170,7 +170,7 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
         layer_spec = spec if spec.applies_to(layer) else STOCK
         module.study_spec = layer_spec
         module.study_layer = layer
-        normalizer = NORMALIZERS[layer_spec.normalizer].from_spec(layer_spec, _num_heads(module, config))
+        normalizer = normalizer_class(layer_spec.normalizer).from_spec(layer_spec, _num_heads(module, config))
         param = next(module.parameters(), None)
         if param is not None:
             normalizer = normalizer.to(device=param.device)

@@ -162,3 +162,22 @@ def test_non_causal_attention(qkv):
     expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), -1) @ v
     torch.testing.assert_close(attend(q, k, v, AttentionSpec(), causal=False), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(attend(q, k, v, AttentionSpec(top_k=7), causal=False), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_core_imports_without_transformers_and_loads_it_on_demand():
+    """`import study.attention` is pure torch; the transformers registration loads when its names are used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "import study.attention as a\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported by study.attention'\n"
+        "q = torch.randn(1, 2, 4, 8)\n"
+        "a.attend(q, q, q, a.AttentionSpec(normalizer='sparsemax', top_k=2))\n"
+        "assert 'transformers' not in sys.modules\n"
+        "from study.attention import apply_attention_spec\n"
+        "assert 'transformers' in sys.modules and apply_attention_spec.__module__ == 'study.attention.hf'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

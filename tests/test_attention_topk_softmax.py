@@ -26,3 +26,38 @@ def test_top_k_softmax_matches_generic_path(k, padded):
     (fast * grad).sum().backward()
     (generic * grad).sum().backward()
     torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0)
+
+
+def test_exact_ties_pick_the_lowest_positions_on_both_top_k_paths():
+    """The documented tie rule (lowest position wins): `torch.topk(sorted=False)` alone picked keys 3 and 5 of
+    the tied keys 1, 2, 3, 5."""
+    scores = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 1.0]).repeat(1, 2, 3, 1)  # (1, 2, 3, 8)
+    allowed = torch.ones(1, 1, 3, 8, dtype=torch.bool)
+    expected = torch.zeros(8, dtype=torch.bool)
+    expected[[1, 2]] = True
+    assert (top_k_allowed(scores, allowed, 2) == expected).all()
+    assert ((_top_k_softmax(scores, allowed, 2) > 0) == expected).all()
+
+
+def test_zeroed_queries_with_top_k_attend_to_the_first_k_visible_keys():
+    """All scores tie: both paths of `attend` (softmax shortcut, generic normaliser) keep keys 0..k-1."""
+    from study.attention import AttentionSpec, attend
+
+    q = torch.zeros(1, 2, 6, 4)
+    k = torch.randn(1, 2, 6, 4)
+    v = torch.eye(6).expand(1, 2, 6, 6)  # output row = the weights
+    for spec in (AttentionSpec(top_k=3), AttentionSpec(top_k=3, normalizer="sparsemax")):
+        out = attend(q, k, v, spec, causal=False)
+        torch.testing.assert_close(out, torch.tensor([1 / 3] * 3 + [0.0] * 3).expand(1, 2, 6, 6))
+
+
+def test_analyses_rank_ties_by_position_like_attention():
+    from study.analysis.algorithms import _top_ranks
+    from study.attention import top_k_indices
+
+    a = torch.tensor([[0.25, 0.1, 0.25, 0.25, 0.15, 0.0], [0.2] * 5 + [0.0]])
+    visible = torch.tensor([[True] * 6, [True] * 5 + [False]])
+    top, _ = _top_ranks(a, visible, 3)
+    assert top.tolist() == [[0, 2, 3], [0, 1, 2]]
+    assert top_k_indices(a, 3, visible).tolist() == top.tolist()
+    assert top_k_indices(a.double(), 3, visible).tolist() == top.tolist()  # the stable-sort path agrees

@@ -15,8 +15,17 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from study.attention import NORMALIZERS, AttentionSpec, apply_attention_spec, attend, causal_allowed
+from study.attention import (
+    NORMALIZERS,
+    AttentionSpec,
+    Normalizer,
+    apply_attention_spec,
+    attend,
+    causal_allowed,
+    register_normalizer,
+)
 from study.attention.hf import attention_modules
+from study.attention.normalizers import masked_softmax
 
 NEW = ["sparsemax", "entmax15", "entmax", "ssmax", "self_adjust"]
 SPECS = {
@@ -301,3 +310,68 @@ def test_learnable_resolves_per_normalizer_and_hparams_stay_scalar():
     assert AttentionSpec(normalizer="sparsemax", learnable=False).is_learnable is False
     for spec in SPECS.values():
         assert all(isinstance(v, (int, float, str, bool)) for v in spec.as_hparams().values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Your own normaliser: the registration API
+
+
+class DoubledSoftmax(Normalizer):
+    """softmax(2 z): the same weights as softmax at half the temperature, so every use has a closed form."""
+
+    name = "doubled_softmax"
+
+    def forward(self, scores, allowed, visible=None):
+        return masked_softmax(2.0 * scores, allowed)
+
+
+def test_registered_normaliser_works_in_spec_attend_model_and_analysis():
+    from study.analysis import analyze, capture_attention
+
+    register_normalizer(DoubledSoftmax)
+    register_normalizer(DoubledSoftmax)  # the same class again: a no-op
+    spec = AttentionSpec(normalizer="doubled_softmax", temperature=0.8)
+    assert NORMALIZERS["doubled_softmax"] is DoubledSoftmax
+    q, k, v = qkv()
+    torch.testing.assert_close(attend(q, k, v, spec), attend(q, k, v, AttentionSpec(temperature=0.4, top_k=7)))
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)).eval()
+    reference = apply_attention_spec(copy.deepcopy(model), AttentionSpec(temperature=0.4, top_k=32))
+    apply_attention_spec(model, spec)
+    ids = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits)
+    cap = capture_attention(model, ids)  # the analyses see the user's normaliser
+    torch.testing.assert_close(cap.weights(0), capture_attention(reference, ids).weights(0))
+    res = analyze(model, ids[:1], lengths=[16], ns=[1, 5], temperatures=[1.0], mc_samples=0, spectral_rows=2,
+                  critical_ns=[1, 2])
+    assert res["model"]["normalizers"] == ["doubled_softmax"]
+
+
+def test_registration_errors_name_the_problem():
+    class Other(DoubledSoftmax):
+        pass
+
+    register_normalizer(DoubledSoftmax)
+    with pytest.raises(ValueError, match="'doubled_softmax' is already registered"):
+        register_normalizer(Other)
+    with pytest.raises(TypeError, match="Normalizer subclass"):
+        register_normalizer(int)
+
+    class NoForward(Normalizer):
+        name = "no_forward"
+
+    with pytest.raises(TypeError, match="does not implement forward"):
+        register_normalizer(NoForward)
+    with pytest.raises(ValueError, match="unknown normalizer 'nope'.*register_normalizer"):
+        AttentionSpec(normalizer="nope")
+    with pytest.raises(ValueError, match="cannot import normalizer 'tests.test_normalizers:Missing'"):
+        AttentionSpec(normalizer="tests.test_normalizers:Missing")
+
+
+def test_normaliser_named_by_import_path_registers_itself():
+    """What a CLI, a YAML config or a freshly loaded checkpoint uses: no registering code runs first."""
+    spec = AttentionSpec(normalizer="tests.test_normalizers:DoubledSoftmax")
+    assert NORMALIZERS["tests.test_normalizers:DoubledSoftmax"] is DoubledSoftmax
+    assert not spec.is_learnable

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from study.attention.select import top_k_indices
 from study.metrics import attention as metrics
 
 DISTANCE_READINGS = ("sum_outside", "norm_of_sum")
@@ -88,21 +89,14 @@ def _chunk(length: int, width: int, budget: int) -> int:
 
 
 def _top_ranks(a: torch.Tensor, visible: torch.Tensor, k: int):
-    """The k largest visible weights of each row in descending order, ties broken by position (as a stable sort).
+    """The k largest visible weights of each row in descending order, ties broken by position (the project's one
+    rule, `study.attention.select.top_k_indices`, shared with attention's top-k).
 
     Returns (top, rank): top (C, k) key indices in rank order, and rank (C, L) with each top key's rank and L
-    for every other key. float32 rows use `topk` on an exact int64 key (order-preserving float bits, then the
-    position), which is much cheaper than a full sort when k << L; other dtypes use one stable sort.
+    for every other key.
     """
     C, L = a.shape
-    if a.dtype == torch.float32:
-        bits = (a + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
-        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone in the float value (negative floats flipped)
-        key = (bits.to(torch.int64) << 32) - torch.arange(L, device=a.device)
-        key = key.masked_fill(~visible, torch.iinfo(torch.int64).min)
-        top = key.topk(k, dim=-1, sorted=True).indices if k < L else key.sort(dim=-1, descending=True).indices
-    else:
-        top = torch.sort(a.masked_fill(~visible, -math.inf), dim=-1, descending=True, stable=True).indices[:, :k]
+    top = top_k_indices(a, k, visible)
     rank = torch.full((C, L), L, dtype=torch.long, device=a.device)
     rank.scatter_(-1, top, torch.arange(k, device=a.device).expand(C, k))
     return top, rank

@@ -1,17 +1,36 @@
-"""Attention normalisation in pure torch, and its registration with Hugging Face transformers.
+"""Attention normalisation in pure torch, and (loaded on first use) its registration with Hugging Face transformers.
 
 Public API:
     AttentionSpec           normaliser, temperature T, top-k selection, layers
-    apply_attention_spec    switch any transformers model (GPT-2, Llama, ...) to a spec
+    apply_attention_spec    switch any transformers model (GPT-2, Llama, BERT, ViT, ...) to a spec
     attend                  the same computation for models that are not from transformers
     tapping, AttentionTap   let monitors observe attention rows on the steps they log
+    register_normalizer     add your own row normaliser (a `Normalizer` subclass) by name
+
+Layers, bottom up: `registry` (the `Normalizer` base and the name table) <- `select` (top-k, one tie rule) <-
+`normalizers` (the built-ins) <- `spec` <- `tap` <- `core` (`attend`) <- `hf` (transformers). Importing this
+package does not import transformers: the names that need it (`apply_attention_spec`, `attention_modules`,
+`current_spec`, `IMPLEMENTATION`) load `study.attention.hf` when first read.
 """
 
 from study.attention.core import attend, causal_allowed
-from study.attention.hf import IMPLEMENTATION, apply_attention_spec, attention_modules, current_spec
 from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
+from study.attention.registry import normalizer_class, register_normalizer
+from study.attention.select import top_k_indices
 from study.attention.spec import STOCK, AttentionSpec
 from study.attention.tap import AttentionTap, active_taps, tapping
+
+_HF_NAMES = ("IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec")
+
+
+def __getattr__(name: str):
+    # PEP 562: the transformers registration loads only when one of its names is used.
+    if name in _HF_NAMES:
+        from study.attention import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module 'study.attention' has no attribute {name!r}")
+
 
 __all__ = [
     "IMPLEMENTATION",
@@ -26,6 +45,9 @@ __all__ = [
     "attention_modules",
     "causal_allowed",
     "current_spec",
+    "normalizer_class",
+    "register_normalizer",
     "tapping",
     "top_k_allowed",
+    "top_k_indices",
 ]

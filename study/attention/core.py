@@ -1,8 +1,22 @@
 """`attend`: scaled dot-product attention under an `AttentionSpec`, for any model.
 
+The logit of key j for query i, in this order (the model's own logit first, then the temperature):
+
+    l_ij = q_i.k_j * scaling                      the model's scale (1/sqrt(D) by default)
+    l_ij = softcap * tanh(l_ij / softcap)         the model's soft-capping (Gemma 2), if given
+    l_ij = l_ij + bias_ij                         the model's additive biases: ``logit_bias`` (T5's position bias)
+                                                  and the finite entries of a float ``mask`` (ALiBi)
+    z_ij = l_ij / T                               the spec's temperature
+
+then top-k selection on z among the visible keys, the spec's normaliser, and, with ``sinks``, one extra logit per
+head (gpt-oss's attention sink, also divided by T) that takes part in the softmax's denominator and is dropped.
+Visible keys: the mask, causality (query i, aligned to the end of the keys, sees keys up to itself) and the
+sliding window (keys less than ``sliding_window`` positions away: before the query when causal, on either side
+when not). At T = 1 with stock softmax every model gets exactly its own attention.
+
 Two paths compute the same function:
-- fast: stock softmax with no top-k and no open tap runs PyTorch's fused SDPA with ``scale = scaling / T``
-  (temperature costs nothing there);
+- fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
+  ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
   monitors use to read the weights.
 """
@@ -14,7 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import tap
-from study.attention.normalizers import MASK_VALUE, NORMALIZERS, Normalizer, Softmax, top_k_allowed
+from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
+from study.attention.registry import normalizer_class
+from study.attention.select import top_k_indices
 from study.attention.spec import AttentionSpec
 
 
@@ -23,6 +39,40 @@ def causal_allowed(q_len: int, kv_len: int, device: torch.device) -> Tensor:
     offset = kv_len - q_len
     rows = torch.arange(q_len, device=device)[:, None] + offset
     return torch.arange(kv_len, device=device)[None, :] <= rows
+
+
+def window_allowed(q_len: int, kv_len: int, window: int, causal: bool, device: torch.device) -> Tensor:
+    """Bool (q_len, kv_len): keys fewer than ``window`` positions from the query (queries aligned to the end).
+
+    Causal: the query and the window - 1 keys before it (transformers' ``kv_idx > q_idx - sliding_window``).
+    Bidirectional: window - 1 keys on either side (ModernBERT passes its half-window + 1).
+    """
+    distance = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len) - torch.arange(kv_len, device=device)
+    return (distance < window) if causal else (distance.abs() < window)
+
+
+def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(bool mask, finite additive bias or None). A float mask's entries below half the dtype's minimum are
+    masked; its other entries are a bias added to the logits (zero for a plain 0 / min mask)."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask, None
+    keep = mask > torch.finfo(mask.dtype).min / 2
+    bias = mask.masked_fill(~keep, 0.0)
+    return keep, (bias if bool(bias.any()) else None)
+
+
+def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool, window: int | None):
+    """The bool mask of visible keys, broadcastable to (B, H, Lq, Lk), or None when every key is visible; and
+    whether it is exactly the square causal mask (SDPA's ``is_causal`` flag then picks its fastest kernel)."""
+    plain_causal = causal and q_len > 1 and q_len == kv_len and mask is None and window is None
+    visible = mask
+    if causal and q_len > 1:
+        band = causal_allowed(q_len, kv_len, device)
+        visible = band if visible is None else visible & band
+    if window is not None:
+        band = window_allowed(q_len, kv_len, window, causal, device)
+        visible = band if visible is None else visible & band
+    return visible, plain_causal
 
 
 def attend(
@@ -37,84 +87,117 @@ def attend(
     dropout: float = 0.0,
     normalizer: Normalizer | None = None,
     layer: int | None = None,
+    softcap: float | None = None,
+    logit_bias: Tensor | None = None,
+    sinks: Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> Tensor:
     """Attention output for queries (B, H, Lq, D) over keys/values (B, Hkv, Lk, D); returns (B, H, Lq, Dv).
 
     Args:
         spec: normaliser, temperature and top-k selection.
-        mask: optional bool mask broadcastable to (B, H, Lq, Lk), True = may attend (e.g. padding); combined
-            with the causal mask when ``causal``. A float mask is treated as an additive bias (finite values below
-            half the dtype's minimum count as masked).
+        mask: optional mask broadcastable to (B, H, Lq, Lk): bool (True = may attend, e.g. padding) or float
+            (additive: entries below half the dtype's minimum are masked, the others are a logit bias).
+            Combined with the causal mask when ``causal``.
         causal: apply a causal mask (query i sees keys up to i, aligned to the end when Lk > Lq).
-        scaling: the model's score scale; default 1/sqrt(D). The temperature divides it.
+        scaling: the model's score scale; default 1/sqrt(D). The temperature divides the logit it gives.
         dropout: attention dropout probability (pass 0 in eval).
         normalizer: the module holding the normaliser's parameters; built from the spec when omitted.
             Transformers models get one per layer from `apply_attention_spec`.
         layer: layer index reported to taps.
+        softcap: the model's logit soft-capping, ``softcap * tanh(l / softcap)``, applied before T.
+        logit_bias: additive logit bias broadcastable to (B, H, Lq, Lk) (T5's position bias), before T.
+        sinks: (H,) one sink logit per query head (gpt-oss); softmax only.
+        sliding_window: keys fewer than this many positions away stay visible (see `window_allowed`).
 
-    The normaliser gets the allowed keys after top-k selection and, as ``visible``, the causal/padding mask
-    before it (SSMax's n counts the visible keys).
+    The order of these transforms is in the module docstring. The normaliser gets the allowed keys after top-k
+    selection and, as ``visible``, the mask before it (SSMax's n counts the visible keys).
 
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
+    if sinks is not None and spec.normalizer != "softmax":
+        raise ValueError(f"attention sinks (s_aux) are defined for softmax only, not normalizer {spec.normalizer!r}")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    scale = scaling / spec.temperature
     q_len, kv_len = query.shape[-2], key.shape[-2]
+    mask, bias = _split_mask(mask)
+    if logit_bias is not None:
+        bias = logit_bias if bias is None else bias + logit_bias
+    visible, plain_causal = _visible(q_len, kv_len, query.device, mask, causal, sliding_window)
 
-    bias = None
-    if mask is not None and mask.dtype != torch.bool:
-        bias = mask
-        mask = mask > torch.finfo(mask.dtype).min / 2
-
-    if spec.is_stock_softmax and not tap.active_taps():
-        attn_mask = bias if bias is not None else mask
-        is_causal = causal and attn_mask is None and q_len > 1
-        if causal and attn_mask is not None:
-            causal_mask = causal_allowed(q_len, kv_len, query.device)
-            attn_mask = mask & causal_mask if bias is None else bias.masked_fill(~causal_mask, torch.finfo(bias.dtype).min)
-        elif is_causal and kv_len != q_len:
-            attn_mask, is_causal = causal_allowed(q_len, kv_len, query.device), False
-        return F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=key.shape[1] != query.shape[1],
-        )
+    if spec.is_stock_softmax and softcap is None and not tap.active_taps():
+        if plain_causal and bias is None and sinks is None:
+            visible = None
+        return _fused(query, key, value, visible, bias, sinks, plain_causal, scaling / spec.temperature,
+                      spec.temperature, dropout)
 
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-
     allowed = torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=query.device)
-    if causal:
-        allowed = allowed & causal_allowed(q_len, kv_len, query.device)
-    if mask is not None:
-        allowed = allowed & mask
+    if visible is not None:
+        allowed = allowed & visible
     if normalizer is None:
-        normalizer = NORMALIZERS[spec.normalizer].from_spec(spec, num_heads=query.shape[1]).to(query.device)
+        normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
 
     # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices and
-    # the output error reaches 0.5. Scale before masking so that dividing by a small T never overflows the mask.
+    # the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite value
+    # only after that, so that a small T never overflows the mask.
     with torch.autocast(device_type=query.device.type, enabled=False):
-        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
-            scores = scores + bias.float().masked_fill(~mask, 0.0)
-        if spec.top_k is not None and spec.top_k < kv_len and type(normalizer) is Softmax:
-            weights = _top_k_softmax(scores, allowed, spec.top_k)
-        else:
-            selected = allowed if spec.top_k is None else top_k_allowed(scores, allowed, spec.top_k)
-            weights = normalizer(scores, selected, visible=allowed)
+            scores = scores + bias.float()
+        scores = scores / spec.temperature
+        weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
     if tap.active_taps():
         tap.notify(layer, weights, allowed, spec)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout, training=True)
     return torch.matmul(weights.to(value.dtype), value)
+
+
+def _normalize(scores: Tensor, allowed: Tensor, spec: AttentionSpec, normalizer: Normalizer, sinks) -> Tensor:
+    """Top-k selection and the normaliser on fp32 scores (already / T); with sinks, softmax with a sink."""
+    k = spec.top_k
+    if sinks is not None:
+        selected = allowed if k is None else top_k_allowed(scores, allowed, k)
+        sink = (sinks.float() / spec.temperature).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        row = torch.cat([scores.masked_fill(~selected, MASK_VALUE), sink], dim=-1)
+        return row.softmax(dim=-1)[..., :-1].masked_fill(~selected, 0.0)
+    if k is not None and k < scores.shape[-1] and type(normalizer) is Softmax:
+        return _top_k_softmax(scores, allowed, k)
+    selected = allowed if k is None else top_k_allowed(scores, allowed, k)
+    return normalizer(scores, selected, visible=allowed)
+
+
+def _fused(query, key, value, visible, bias, sinks, plain_causal: bool, scale: float, temperature: float,
+           dropout: float) -> Tensor:
+    """Stock softmax through `F.scaled_dot_product_attention` (the fast path of `attend`); ``visible`` is None
+    on a plain causal row set (then SDPA's ``is_causal`` flag applies it)."""
+    q_len = query.shape[-2]
+    attn_mask, is_causal = visible, plain_causal and visible is None
+    if bias is not None or sinks is not None:
+        # A float mask: SDPA adds it to q.k * scale, so the model's biases enter divided by T.
+        low = torch.finfo(query.dtype).min
+        attn_mask = torch.zeros((), dtype=query.dtype, device=query.device) if bias is None else bias / temperature
+        attn_mask = attn_mask.to(query.dtype)
+        if visible is not None:
+            attn_mask = attn_mask.masked_fill(~visible, low)
+        if sinks is not None:
+            # The sink as one more key: zero key (q.0 = 0), zero value, bias = sink / T on every query row.
+            batch, heads = query.shape[0], query.shape[1]
+            attn_mask = attn_mask.expand(batch, heads, q_len, key.shape[-2])
+            sink = (sinks / temperature).to(query.dtype).view(1, heads, 1, 1).expand(batch, heads, q_len, 1)
+            attn_mask = torch.cat([attn_mask, sink], dim=-1)
+            key = torch.cat([key, key.new_zeros(*key.shape[:-2], 1, key.shape[-1])], dim=-2)
+            value = torch.cat([value, value.new_zeros(*value.shape[:-2], 1, value.shape[-1])], dim=-2)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, scale=scale,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
 
 
 def _top_k_softmax(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
@@ -126,6 +209,7 @@ def _top_k_softmax(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
     fewer than k keys) carry the finite mask value, whose exp underflows to exactly 0 next to any visible key;
     rows with no visible key at all are zeroed.
     """
-    values, index = scores.masked_fill(~allowed, MASK_VALUE).topk(k, dim=-1, sorted=False)
-    picked = values.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
+    masked = scores.masked_fill(~allowed, MASK_VALUE)
+    index = top_k_indices(masked, k)  # ties: the lowest position, as in `top_k_allowed`
+    picked = masked.gather(-1, index).softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)
     return torch.zeros_like(scores).scatter(-1, index, picked)

@@ -1,23 +1,47 @@
 """Hugging Face transformers integration: run any `AttentionInterface` model under an `AttentionSpec`.
 
-`apply_attention_spec` gives each attention module its spec and normaliser, and switches the model to the
-attention implementation registered here under `IMPLEMENTATION`. Registration happens when this module is
-imported (spawned DDP workers import it through the LightningModule, so the name exists in every process).
+`apply_attention_spec` gives each self-attention module its spec, normaliser and layer number, and switches the
+model to the attention implementation registered here under `IMPLEMENTATION`. Registration happens when this
+module is imported (spawned DDP workers import it through the LightningModule, so the name exists in every
+process). `import study.attention` alone does not import transformers; its transformers names load this module.
+
+Which modules: every module whose forward calls transformers' attention interface (``ALL_ATTENTION_FUNCTIONS``):
+decoders, encoders (BERT: bidirectional, padding masks) and vision transformers (ViT) alike. They are numbered
+0, 1, ... in module order (``model.modules()``), which is the layer order of every stock model and does not
+need a ``layer_idx`` (ViT has none; an encoder-decoder has two layers 0).
+
+Cross-attention (the decoder reading the encoder in T5, BART, Whisper; ``crossattention`` in GPT-2 with
+``add_cross_attention``) is left stock: it is not the self-attention row normalisation the spec studies, its
+keys are another sequence, and a temperature there would change what the decoder can read of its input. Those
+modules run transformers' own SDPA attention untouched, are not numbered and are not seen by monitors.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+from functools import cache
 
 from torch import Tensor, nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from study.attention.core import attend
-from study.attention.normalizers import NORMALIZERS
+from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
 
 IMPLEMENTATION = "study"
+
+# Arguments transformers' attention modules and model forwards pass that do not change the result of this
+# implementation. The packing arguments (cu_seq_lens_*, max_length_*, seq_idx) are read by flash-attention
+# kernels only; with SDPA-style attention the mask built by the registered mask function carries the packing,
+# exactly as for stock "sdpa" and "eager". The others are bookkeeping (positions, cache, what to return).
+NO_EFFECT_ARGUMENTS = frozenset({
+    "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "output_attentions",
+    "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch", "cu_seq_lens_q",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "token_type_ids", "layer_idx", "deterministic",
+})
 
 
 def _attention_forward(
@@ -29,21 +53,40 @@ def _attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    softcap: float | None = None,
+    s_aux: Tensor | None = None,
+    sliding_window: int | None = None,
+    position_bias: Tensor | None = None,
     **kwargs,
 ) -> tuple[Tensor, None]:
-    # q, k, v: (B, H, L, D). Transformers wants (B, L, H, D) back, and weights or None.
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    """The function transformers calls; q, k, v are (B, H, L, D), the output goes back as (B, L, H, D)."""
+    if getattr(module, "study_cross_attention", False):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+            softcap=softcap, position_bias=position_bias, **kwargs,
+        )
+    # An argument passed as None is absent (BERT's self-attention forwards encoder_hidden_states=None).
+    unknown = sorted(name for name, value in kwargs.items() if value is not None and name not in NO_EFFECT_ARGUMENTS)
+    if unknown:
+        raise ValueError(
+            f"{type(module).__name__} passed {unknown} to its attention function; study.attention does not "
+            "implement them, and dropping them would change the result"
+        )
     output = attend(
         query,
         key,
         value,
         getattr(module, "study_spec", STOCK),
         mask=attention_mask,
-        causal=causal,
+        causal=is_causal if is_causal is not None else getattr(module, "is_causal", True),
         scaling=scaling,
         dropout=dropout,
         normalizer=getattr(module, "study_normalizer", None),
-        layer=getattr(module, "layer_idx", None),
+        layer=getattr(module, "study_layer", None),
+        softcap=softcap,
+        logit_bias=position_bias,
+        sinks=s_aux,
+        sliding_window=sliding_window,
     )
     return output.transpose(1, 2).contiguous(), None
 
@@ -54,20 +97,46 @@ AttentionInterface.register(IMPLEMENTATION, _attention_forward)
 AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
 
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The self-attention modules of a transformers model, in layer order (those carrying a `layer_idx`)."""
-    found = [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith("Attention")
-        and isinstance(getattr(m, "layer_idx", None), int)
-        and not getattr(m, "is_cross_attention", False)
+@cache
+def _calls_attention_interface(cls: type) -> bool:
+    """Whether ``cls.forward`` dispatches through transformers' attention interface (read from its source)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def _is_cross_attention(path: str, module: nn.Module) -> bool:
+    parts = path.lower().split(".")
+    return (
+        bool(getattr(module, "is_cross_attention", False))
+        or "cross" in type(module).__name__.lower()
+        or any("cross" in p or "encdec" in p or p == "encoder_attn" for p in parts)
+    )
+
+
+def _attention_calls(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """(module, is cross-attention) for every module that calls the attention interface, in module order."""
+    return [
+        (m, _is_cross_attention(path, m))
+        for path, m in model.named_modules()
+        if _calls_attention_interface(type(m))
     ]
-    return sorted(found, key=lambda m: m.layer_idx)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules of a transformers model, in module order; layer i is the i-th of them."""
+    return [m for m, cross in _attention_calls(model) if not cross]
 
 
 def _num_heads(module: nn.Module, config) -> int:
-    for source, attr in ((module, "num_heads"), (config, "num_attention_heads"), (config, "n_head")):
+    for source, attr in (
+        (module, "num_heads"),
+        (module, "num_attention_heads"),
+        (config, "num_attention_heads"),
+        (config, "n_head"),
+    ):
         value = getattr(source, attr, None)
         if isinstance(value, int):
             return value
@@ -77,23 +146,31 @@ def _num_heads(module: nn.Module, config) -> int:
 def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """Make every self-attention layer of ``model`` that ``spec.layers`` selects use ``spec``; returns the model.
 
-    Works for any transformers model whose attention goes through `AttentionInterface` (GPT-2, Llama, Qwen, ...).
-    Each selected layer gets ``study_spec`` and a ``study_normalizer`` submodule (so learnable normaliser
-    parameters train and are saved with the model); the others get stock softmax. Calling it again replaces the
-    spec. Raises ValueError when the model has no such attention layers or ``spec.layers`` names a missing one.
+    Works for any transformers model whose attention goes through `AttentionInterface`: decoders (GPT-2, Llama,
+    Gemma 2 with its soft-capping, gpt-oss with its sinks), encoders (BERT) and vision transformers (ViT).
+    Layers are numbered in module order (see the module docstring); cross-attention stays stock. Each selected
+    layer gets ``study_spec`` and a ``study_normalizer`` submodule (so learnable normaliser parameters train and
+    are saved with the model); the others get stock softmax. Calling it again replaces the spec. Raises
+    ValueError when the model has no such attention layers or ``spec.layers`` names a missing one.
     """
-    modules = attention_modules(model)
+    calls = _attention_calls(model)
+    modules = [m for m, cross in calls if not cross]
     if not modules:
-        raise ValueError(f"{type(model).__name__} has no attention modules with a layer_idx; use study.attention.attend")
-    known = {m.layer_idx for m in modules}
-    missing = set(spec.layers or ()) - known
+        raise ValueError(
+            f"{type(model).__name__} has no attention module that calls transformers' attention interface; "
+            "use study.attention.attend in your own attention code"
+        )
+    missing = set(spec.layers or ()) - set(range(len(modules)))
     if missing:
-        raise ValueError(f"layers {sorted(missing)} not in the model, which has layers {sorted(known)}")
+        raise ValueError(f"layers {sorted(missing)} not in the model, which has layers 0..{len(modules) - 1}")
     config = getattr(model, "config", None)
-    for module in modules:
-        layer_spec = spec if spec.applies_to(module.layer_idx) else STOCK
+    for m, cross in calls:
+        m.study_cross_attention = cross
+    for layer, module in enumerate(modules):
+        layer_spec = spec if spec.applies_to(layer) else STOCK
         module.study_spec = layer_spec
-        normalizer = NORMALIZERS[layer_spec.normalizer].from_spec(layer_spec, _num_heads(module, config))
+        module.study_layer = layer
+        normalizer = normalizer_class(layer_spec.normalizer).from_spec(layer_spec, _num_heads(module, config))
         param = next(module.parameters(), None)
         if param is not None:
             normalizer = normalizer.to(device=param.device)
@@ -104,19 +181,26 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
 
 
 def current_spec(model: nn.Module) -> dict[int, AttentionSpec]:
-    """The spec each attention layer of ``model`` runs, by layer index."""
-    return {m.layer_idx: getattr(m, "study_spec", STOCK) for m in attention_modules(model)}
+    """The spec each self-attention layer of ``model`` runs, by layer number."""
+    return {i: getattr(m, "study_spec", STOCK) for i, m in enumerate(attention_modules(model))}
 
 
 def stock_copy(model: nn.Module, implementation: str = "eager") -> nn.Module:
     """A deep copy of a transformers model running stock attention (for parity checks)."""
     clone = copy.deepcopy(model)
-    for module in attention_modules(clone):
-        for attr in ("study_spec", "study_normalizer"):
+    for module, _ in _attention_calls(clone):
+        for attr in ("study_spec", "study_normalizer", "study_layer", "study_cross_attention"):
             if hasattr(module, attr):
                 delattr(module, attr)
     clone.set_attn_implementation(implementation)
     return clone
 
 
-__all__ = ["IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec", "stock_copy"]
+__all__ = [
+    "IMPLEMENTATION",
+    "NO_EFFECT_ARGUMENTS",
+    "apply_attention_spec",
+    "attention_modules",
+    "current_spec",
+    "stock_copy",
+]

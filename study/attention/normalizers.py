@@ -23,66 +23,21 @@ Names: softmax, sparsemax, entmax15, entmax (alpha from the spec, optionally lea
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 import entmax
 import torch
 from torch import Tensor, nn
 
-from study.attention.spec import AttentionSpec
+from study.attention.registry import MASK_VALUE, NORMALIZERS, Normalizer, register_normalizer
+from study.attention.select import top_k_allowed
 
-# Finite stand-in for -inf: -inf gives NaN on rows with no allowed key (exp(-inf - -inf)).
-MASK_VALUE = torch.finfo(torch.float32).min
-
-
-# Spec fields that only some normalisers read; the others require the default (see `Normalizer.check_spec`).
-_OPTIONS = ("alpha", "ssmax_scale", "self_adjust_variant")
-_DEFAULTS = {f.name: f.default for f in fields(AttentionSpec)}
+if TYPE_CHECKING:
+    from study.attention.spec import AttentionSpec
 
 
-class Normalizer(nn.Module):
-    """Base class; subclasses set `name` and implement `forward`.
-
-    Class attributes:
-        options: the `AttentionSpec` option fields this normaliser reads (alpha, ssmax_scale, ...).
-        has_parameters: whether ``spec.learnable = True`` means anything.
-        learnable_by_default: what ``spec.learnable = None`` resolves to.
-        sums_to_one: whether every row with an allowed key sums to 1.
-    """
-
-    name: ClassVar[str]
-    options: ClassVar[tuple[str, ...]] = ()
-    has_parameters: ClassVar[bool] = False
-    learnable_by_default: ClassVar[bool] = False
-    sums_to_one: ClassVar[bool] = True
-
-    @classmethod
-    def check_spec(cls, spec: AttentionSpec) -> None:
-        """Reject spec combinations this normaliser cannot take (raise ValueError naming the value).
-
-        The base check rejects options meant for another normaliser and ``learnable=True`` without parameters:
-        both would otherwise be silently ignored. Subclasses add their own checks after calling it.
-        """
-        for option in _OPTIONS:
-            value = getattr(spec, option)
-            if option not in cls.options and value != _DEFAULTS[option]:
-                raise ValueError(
-                    f"{option}={value!r} has no effect with normalizer {cls.name!r}; leave it at its default "
-                    f"{_DEFAULTS[option]!r}"
-                )
-        if spec.learnable and not cls.has_parameters:
-            raise ValueError(f"learnable=True but normalizer {cls.name!r} has no parameters to learn")
-
-    @classmethod
-    def from_spec(cls, spec: AttentionSpec, num_heads: int) -> Normalizer:
-        return cls()
-
-    def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
-        raise NotImplementedError
-
-
-def _masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over the allowed keys of each row; rows with no allowed key are all zero (not NaN)."""
     weights = scores.masked_fill(~allowed, MASK_VALUE).softmax(dim=-1)
     # A row with no allowed key softmaxes to uniform over masked keys: zero it instead.
     return weights.masked_fill(~allowed, 0.0)
@@ -99,7 +54,7 @@ class Softmax(Normalizer):
     name = "softmax"
 
     def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
-        return _masked_softmax(scores, allowed)
+        return masked_softmax(scores, allowed)
 
 
 def _threshold_input(scores: Tensor, allowed: Tensor, alpha: Tensor | float) -> Tensor:
@@ -245,7 +200,7 @@ class ScalableSoftmax(Normalizer):
         if visible is None:
             visible = allowed
         log_n = visible.sum(dim=-1, keepdim=True).clamp(min=1).to(scores.dtype).log()
-        return _masked_softmax(scores * (_per_head(self.s.to(scores.dtype)) * log_n), allowed)
+        return masked_softmax(scores * (_per_head(self.s.to(scores.dtype)) * log_n), allowed)
 
 
 class SelfAdjustSoftmax(Normalizer):
@@ -279,7 +234,7 @@ class SelfAdjustSoftmax(Normalizer):
         return f"variant={self.variant!r}"
 
     def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
-        probs = _masked_softmax(scores, allowed)
+        probs = masked_softmax(scores, allowed)
         if self.variant == "plain":
             factor = scores
         else:
@@ -292,20 +247,19 @@ class SelfAdjustSoftmax(Normalizer):
         return (factor * probs).masked_fill(~allowed, 0.0)
 
 
-NORMALIZERS: dict[str, type[Normalizer]] = {
-    cls.name: cls for cls in (Softmax, Sparsemax, Entmax15, Entmax, ScalableSoftmax, SelfAdjustSoftmax)
-}
+for _builtin in (Softmax, Sparsemax, Entmax15, Entmax, ScalableSoftmax, SelfAdjustSoftmax):
+    register_normalizer(_builtin)
 
-
-def top_k_allowed(scores: Tensor, allowed: Tensor, k: int) -> Tensor:
-    """Restrict ``allowed`` to exactly the k largest allowed scores of each row.
-
-    `torch.topk` picks exactly k indices (a threshold on the k-th value would keep every tied score). Rows that
-    see fewer than k keys keep them all: the extra picks land on masked keys and are dropped by the final `&`.
-    """
-    if k >= scores.shape[-1]:
-        return allowed.expand_as(scores)
-    masked = scores.masked_fill(~allowed, MASK_VALUE)
-    index = masked.topk(k, dim=-1, sorted=False).indices
-    selected = torch.zeros_like(masked, dtype=torch.bool).scatter_(-1, index, True)
-    return selected & allowed
+__all__ = [
+    "MASK_VALUE",
+    "NORMALIZERS",
+    "Entmax",
+    "Entmax15",
+    "Normalizer",
+    "ScalableSoftmax",
+    "SelfAdjustSoftmax",
+    "Softmax",
+    "Sparsemax",
+    "masked_softmax",
+    "top_k_allowed",
+]

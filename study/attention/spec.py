@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+# The built-in normalisers register themselves on import; the registry itself sits below both modules.
+from study.attention import normalizers as _builtins  # noqa: F401
+from study.attention.registry import normalizer_class
+
 SELF_ADJUST_VARIANTS = ("normalized", "plain")
 
 
@@ -14,11 +18,14 @@ class AttentionSpec:
 
     Args:
         normalizer: name of the row normaliser (see `study.attention.NORMALIZERS`); "softmax" is the stock one.
-        temperature: T > 0. Scores are ``q.k * scaling / T`` where ``scaling`` is the model's own (1/sqrt(d) for
-            GPT-2), so T = 1 is the stock model and T < 1 sharpens attention.
-        top_k: None keeps every causally visible key. An integer k >= 1 keeps exactly the k largest scores among
-            the visible keys (ties broken by position) and renormalises over them; a row that sees fewer than k
-            keys keeps them all.
+            Your own: a name registered with `study.attention.register_normalizer`, or ``"module:Class"``.
+        temperature: T > 0. Scores are ``l / T`` where l is the model's own logit: ``q.k * scaling`` (1/sqrt(d)
+            for GPT-2) after the model's own transforms (additive position bias, soft-capping; see `attend`), so
+            T = 1 is the stock model and T < 1 sharpens attention.
+        top_k: None keeps every visible key. An integer k >= 1 keeps exactly the k largest scores among the
+            visible keys and renormalises over them; among tied scores the lowest position wins (the same rule on
+            both attention paths and in the analyses, `study.attention.select`). A row that sees fewer than k keys
+            keeps them all.
         layers: indices of the layers the spec applies to; None means all. Other layers keep stock attention.
         alpha: the alpha of ``normalizer="entmax"`` (alpha-entmax; 1 would be softmax, 2 is sparsemax); > 1.
         learnable: whether the normaliser's parameter trains (entmax: alpha per head; ssmax: s per head).
@@ -42,10 +49,9 @@ class AttentionSpec:
     self_adjust_variant: str = "normalized"
 
     def __post_init__(self) -> None:
-        from study.attention.normalizers import NORMALIZERS  # local: normalizers import this module
-
-        if self.normalizer not in NORMALIZERS:
-            raise ValueError(f"unknown normalizer {self.normalizer!r}; choose one of {sorted(NORMALIZERS)}")
+        if not isinstance(self.normalizer, str):
+            raise ValueError(f"normalizer must be a name, got {self.normalizer!r}")
+        normalizer = normalizer_class(self.normalizer)  # raises naming the unknown name
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise ValueError(f"temperature must be a number, got {self.temperature!r}")
         if not math.isfinite(self.temperature) or self.temperature <= 0:
@@ -70,7 +76,7 @@ class AttentionSpec:
             raise ValueError(
                 f"unknown self_adjust_variant {self.self_adjust_variant!r}; choose one of {list(SELF_ADJUST_VARIANTS)}"
             )
-        NORMALIZERS[self.normalizer].check_spec(self)
+        normalizer.check_spec(self)
 
     @property
     def is_stock_softmax(self) -> bool:
@@ -94,11 +100,9 @@ class AttentionSpec:
     @property
     def is_learnable(self) -> bool:
         """Whether the normaliser's parameter trains, with None resolved to the normaliser's default."""
-        from study.attention.normalizers import NORMALIZERS
-
         if self.learnable is not None:
             return self.learnable
-        return NORMALIZERS[self.normalizer].learnable_by_default
+        return normalizer_class(self.normalizer).learnable_by_default
 
 
 STOCK = AttentionSpec()

@@ -40,7 +40,12 @@ class StudyCLI(LightningCLI):
 
 
 def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
-    """Build (and by default run) the LightningCLI; ``args`` replaces the command line when given."""
+    """Build (and by default run) the LightningCLI; ``args`` replaces the command line when given.
+
+    ``args`` become the process's own command line (``sys.argv[1:]``) while the CLI is built and run, and
+    LightningCLI parses ``sys.argv``. Lightning's DDP launcher starts the other ranks by re-executing
+    ``sys.argv``: they must get the very `study fit ...` command this process runs, not a truncated one.
+    """
     kwargs = dict(
         save_config_kwargs={"overwrite": False},
         parser_kwargs={"parser_mode": "omegaconf"} if _has_omegaconf() else None,
@@ -48,10 +53,9 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
     kwargs.update(cli_kwargs)
     argv = sys.argv
     if args is not None:
-        # LightningCLI warns when it gets `args` while sys.argv has arguments too (as under `study sweep`).
-        sys.argv = argv[:1]
+        sys.argv = [argv[0], *args]
     try:
-        return StudyCLI(GPT2Module, TextDataModule, args=args, run=run, **kwargs)
+        return StudyCLI(GPT2Module, TextDataModule, args=None, run=run, **kwargs)
     finally:
         sys.argv = argv
 

@@ -212,3 +212,18 @@ def test_ddp_run_and_parallel_subprocesses(tmp_path):
         assert st["state"] == "finished" and st["global_step"] == 4
         assert len(read_scalars(run)["train/loss"]) == 4
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in logs
+
+
+def test_run_names_are_exact_and_duplicate_values_are_merged(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"temperature": [0.1234561, 0.1234564, 1, 1.0], "top_k": [None, 2, 2.0]})
+    plan = build_plan(spec)
+    names = [r.name for r in plan.runs]
+    assert len(set(names)) == len(names) == 6  # 3 temperatures x 2 top_k
+    assert {r.params["temperature"] for r in plan.runs} == {0.1234561, 0.1234564, 1}
+    assert "T0.1234561_kall_softmax_s0" in names and "T0.1234564_kall_softmax_s0" in names
+    assert "T1_k2_softmax_s0" in names
+    assert len(set(r.fingerprint for r in plan.runs)) == 6
+    assert main(["--config", str(spec), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "grid `temperature` lists 1 and 1.0, the same setting: merged into one run" in err
+    assert "grid `top_k` lists 2 and 2.0" in err

@@ -210,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     except SweepSpecError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
+    for note in plan.notes:
+        if is_rank_zero():
+            print(f"study sweep: {note}", file=sys.stderr, flush=True)
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2

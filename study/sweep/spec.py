@@ -100,6 +100,7 @@ class Plan:
     report: bool
     quick: bool
     threads: int | None = None
+    notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -113,9 +114,40 @@ class Plan:
         }
 
 
+def exact(value: float) -> str:
+    """The shortest text that reads back as exactly this float (1.0 -> "1", 0.1234561 -> "0.1234561").
+
+    Run names must not round: with 6 significant digits two temperatures shared a folder, and the second run
+    "resumed" the first one's finished checkpoint.
+    """
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
 def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) -> str:
-    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key)."""
-    return f"T{temperature:g}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
+    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key); distinct settings
+    give distinct names."""
+    return f"T{exact(temperature)}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
+
+
+def _same_key(key: str, value: Any) -> Any:
+    """What makes two grid values the same setting: 1 and 1.0 are one temperature (and one top_k, one seed)."""
+    if key in ("temperature", "top_k", "seed") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return ("number", float(value))
+    return ("value", json.dumps(value))
+
+
+def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
+    kept: dict[Any, Any] = {}
+    for value in values:
+        same = _same_key(key, value)
+        if same in kept:
+            notes.append(
+                f"grid `{key}` lists {kept[same]!r} and {value!r}, the same setting: merged into one run"
+            )
+            continue
+        kept[same] = value
+    return list(kept.values())
 
 
 def _cli_value(value: Any) -> str:
@@ -160,7 +192,7 @@ def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
     return dict(overrides)
 
 
-def _check_grid(grid: Any) -> dict[str, list]:
+def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     from study.attention import AttentionSpec
 
     if not isinstance(grid, dict) or not grid:
@@ -175,8 +207,7 @@ def _check_grid(grid: Any) -> dict[str, list]:
             values = [values]
         if not values:
             raise SweepSpecError(f"grid `{key}` is an empty list")
-        if len(set(map(json.dumps, values))) != len(values):
-            raise SweepSpecError(f"grid `{key}` repeats a value: {values}")
+        values = _merge_duplicates(key, values, notes)
         for value in values:
             try:
                 if key == "temperature":
@@ -245,7 +276,8 @@ def build_plan(
             pretrain_spec = copy.deepcopy(pretrain_spec)
             pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
         name = f"{name}-quick"
-    grid = _check_grid(grid_in)
+    notes: list[str] = []
+    grid = _check_grid(grid_in, notes)
     guard = spec.get("guard") or {}
     _check_keys("guard", guard, GUARD_KEYS)
     checkpoint = spec.get("checkpoint") or {}
@@ -346,10 +378,12 @@ def build_plan(
                 settings[GRID_ARGS[key]] = params[key]
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
+        if any(r.name == rname for r in runs):  # cannot happen with exact names; never share a folder silently
+            raise SweepSpecError(f"two runs would share the folder {run_dir}")
         runs.append(Run(index, rname, run_dir, params, args, resolved))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
     return Plan(
-        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads
+        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads, notes
     )

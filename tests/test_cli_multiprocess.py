@@ -54,7 +54,9 @@ def test_study_fit_ddp_on_two_cpu_processes(text_files, tmp_path):
     assert_both_ranks_trained(result, tmp_path / "logs" / "default" / "ddp")
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="no torchrun")
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="no torchrun"
+)
 def test_study_fit_under_torchrun(text_files, tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     args = fit_args(text_files, tmp_path, *DDP, "--trainer.logger.init_args.version=torchrun")

@@ -132,7 +132,11 @@ def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) 
 
 def _same_key(key: str, value: Any) -> Any:
     """What makes two grid values the same setting: 1 and 1.0 are one temperature (and one top_k, one seed)."""
-    if key in ("temperature", "top_k", "seed") and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if (
+        key in ("temperature", "top_k", "seed")
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    ):
         return ("number", float(value))
     return ("value", json.dumps(value))
 
@@ -378,12 +382,22 @@ def build_plan(
                 settings[GRID_ARGS[key]] = params[key]
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
-        if any(r.name == rname for r in runs):  # cannot happen with exact names; never share a folder silently
+        # cannot happen with exact names; never let two runs share a folder silently
+        if any(r.name == rname for r in runs):
             raise SweepSpecError(f"two runs would share the folder {run_dir}")
         runs.append(Run(index, rname, run_dir, params, args, resolved))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
     return Plan(
-        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads, notes
+        name,
+        spec_path,
+        sweep_dir,
+        base,
+        runs,
+        pretrain,
+        bool(spec.get("report", True)),
+        quick,
+        threads,
+        notes,
     )

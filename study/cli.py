@@ -68,8 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in VERBS:
         return importlib.import_module(VERBS[argv[0]]).main(argv[1:])
-    lightning_main(argv)
+    cli = lightning_main(argv)
+    diverged = _diverged(cli)
+    if diverged:
+        print(f"study fit: stopped, {diverged}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _diverged(cli: StudyCLI) -> str | None:
+    """The reason a `NonFiniteGuard` stopped the run, if one did (a diverged run is not a success)."""
+    from study.callbacks.nonfinite import NonFiniteGuard
+
+    trainer = getattr(cli, "trainer", None)
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, NonFiniteGuard) and callback.diverged:
+            return callback.diverged["reason"]
+    return None
 
 
 if __name__ == "__main__":

@@ -160,7 +160,13 @@ def test_default_and_hub_sweeps_parse():
     assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
     normalizers = build_plan(ROOT / "configs" / "sweeps" / "normalizers.yaml")
     assert len(normalizers.runs) == 20
-    assert {r.params["normalizer"] for r in normalizers.runs} == {"softmax", "sparsemax", "entmax15", "ssmax", "self_adjust"}
+    assert {r.params["normalizer"] for r in normalizers.runs} == {
+        "softmax",
+        "sparsemax",
+        "entmax15",
+        "ssmax",
+        "self_adjust",
+    }
     hub = build_plan(ROOT / "configs" / "sweeps" / "gpt2-wikitext.yaml")
     assert len(hub.runs) == 60
     # the run's `study fit` arguments parse (print_config exits before the hub would be touched)
@@ -227,3 +233,20 @@ def test_run_names_are_exact_and_duplicate_values_are_merged(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "grid `temperature` lists 1 and 1.0, the same setting: merged into one run" in err
     assert "grid `top_k` lists 2 and 2.0" in err
+
+
+def test_each_run_has_one_guard_whether_the_base_config_or_the_spec_brings_it(tmp_path):
+    def guards(plan):
+        cbs = plan.runs[0].resolved["trainer"]["callbacks"]
+        return [cb["init_args"] for cb in cbs if cb["class_path"].endswith("NonFiniteGuard")]
+
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}))) == [
+        {"action": "stop", "log_grad_norm": True}
+    ]
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard={"action": "skip"}))) == [
+        {"action": "skip"}
+    ]
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard={"enabled": False}))) == []
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard=None))) == [
+        {"action": "stop"}
+    ]  # the base's

@@ -318,10 +318,13 @@ def build_plan(
             resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
             callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
         resume.update({k: v for k, v in checkpoint.items() if v is not None})
-        if guard.get("enabled", True):
-            callbacks.append(
-                {"class_path": GUARD_CLASS, "init_args": {k: v for k, v in guard.items() if k != "enabled"}}
-            )
+        # One guard per run: the spec's `guard` section replaces the base config's guard (or removes it).
+        base_guards = [cb for cb in callbacks if cb.get("class_path", "").endswith("NonFiniteGuard")]
+        if guard or not base_guards:
+            callbacks = [cb for cb in callbacks if cb not in base_guards]
+            if guard.get("enabled", True):
+                init_args = {k: v for k, v in guard.items() if k != "enabled"}
+                callbacks.append({"class_path": GUARD_CLASS, "init_args": init_args})
         callbacks.extend(copy.deepcopy(extra_callbacks))
         return callbacks
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 
 from lightning.pytorch.cli import LightningCLI
@@ -58,6 +59,73 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
         return StudyCLI(GPT2Module, TextDataModule, args=None, run=run, **kwargs)
     finally:
         sys.argv = argv
+
+
+class _ParseOnly(StudyCLI):
+    """Parses and validates a `study fit` command line without building the model, the data or the trainer."""
+
+    def _set_seed(self) -> None:  # LightningCLI's private step: parsing must not seed (or print) anything
+        return None
+
+    def instantiate_classes(self) -> None:
+        return None
+
+
+def check_fit_args(args: list[str]) -> str | None:
+    """None if `study fit <args>` parses (every key known, every value of its type), else the parser's message.
+
+    A sweep calls this for every run before the first one starts: a typo such as `trainer.max_stepz` in the
+    overrides is refused up front instead of failing each run after it has started.
+    """
+    parser_kwargs = {"exit_on_error": False}
+    if _has_omegaconf():
+        parser_kwargs["parser_mode"] = "omegaconf"
+    argv = sys.argv
+    sys.argv = [argv[0], *args]
+    try:
+        _ParseOnly(
+            GPT2Module, TextDataModule, args=None, run=False, parser_kwargs=parser_kwargs, save_config_callback=None
+        )
+    except Exception as err:  # noqa: BLE001 - the parser's own message is the answer
+        return one_line(err)
+    finally:
+        sys.argv = argv
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one line: the innermost cause's message, after the option it concerns when that is known.
+
+    jsonargparse wraps a value error raised while building a class (e.g. `temperature must be > 0`) in a union
+    error several frames deep; the first message of the chain is the one a person needs.
+    """
+    chain = [err]
+    while chain[-1].__cause__ is not None or (
+        chain[-1].__context__ is not None and not chain[-1].__suppress_context__
+    ):
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    root = chain[-1]
+    lines = [line.strip() for line in str(root).strip().splitlines() if line.strip()]
+    message = lines[0] if lines else type(root).__name__
+    key = _option_of(chain)
+    return f"--{key}: {message}" if key and key not in message else message
+
+
+def _option_of(chain: list[BaseException]) -> str | None:
+    """The dotted option (`model.attention`) the error concerns: named in jsonargparse's message, or the key it
+    was instantiating when the error was raised."""
+    for exc in chain:
+        found = re.search(r'(?:Parser key|Key) "([\w.]+)"', str(exc))
+        if found:
+            return found.group(1)
+    for exc in chain:
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if "jsonargparse" in frame.f_code.co_filename and isinstance(frame.f_locals.get("key"), str):
+                return frame.f_locals["key"]
+            tb = tb.tb_next
+    return None
 
 
 def _has_omegaconf() -> bool:

@@ -104,7 +104,7 @@ def test_killed_run_resumes_without_duplicate_or_missing_steps(tmp_path):
         tmp_path,
         {"temperature": [0.5]},
         {"trainer.max_steps": 8, "trainer.val_check_interval": 8},
-        callbacks=[{"class_path": "study.sweep.faults.KillAtStep", "init_args": {"step": 5}}],
+        callbacks=[{"class_path": "tests.faults.KillAtStep", "init_args": {"step": 5}}],
     )
     cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"]
     first = subprocess.run(
@@ -250,3 +250,11 @@ def test_each_run_has_one_guard_whether_the_base_config_or_the_spec_brings_it(tm
     assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard=None))) == [
         {"action": "stop"}
     ]  # the base's
+
+
+def test_a_bad_override_is_refused_before_any_run(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"seed": [0, 1]}, {"trainer.max_stepz": 3})
+    assert main(["--config", str(spec), "--no-estimate"]) == 2
+    err = capsys.readouterr().err
+    assert "refuses its arguments: unrecognized arguments: --trainer.max_stepz=3; nothing was run" in err
+    assert not list((tmp_path / "logs" / "tiny").glob("*/status.json"))

@@ -106,6 +106,22 @@ def _check_stale(plan: Plan) -> None:
             )
 
 
+def _refused_args(plan: Plan, run_index: str | None) -> str | None:
+    """Parse the `study fit` arguments of every run still to do (or of the one run asked for), before any starts."""
+    from study.cli import check_fit_args
+
+    runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
+    if run_index is not None:
+        runs = [r for r in runs if str(r.index) == str(run_index)]
+    for run in runs:
+        if _done(run):
+            continue
+        message = check_fit_args(run.args)
+        if message:
+            return f"run {run.name}: `study fit` refuses its arguments: {message}"
+    return None
+
+
 def _needs_subprocess(plan: Plan, passthrough: list[str]) -> bool:
     """DDP inside the sweep process would relaunch the whole sweep per rank: run each such run as a subprocess."""
     run = plan.runs[0]
@@ -289,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
+    refused = _refused_args(plan, args.run_index)
+    if refused:
+        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
+        return 2
     if args.run_index is not None:
         return _run_one(plan, args.run_index)
 

@@ -310,6 +310,9 @@ def build_plan(
             if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
                 init = cb.setdefault("init_args", {})
                 init["dirpath"] = str(run_dir / "checkpoints")
+                # An exception checkpoint is taken mid-batch; resumed from it, the run logged its steps shifted by
+                # one (measured). Sweeps resume from the periodic last.ckpt instead.
+                init["save_on_exception"] = False
                 if init.get("save_last") and not init.get("monitor"):
                     resume = init
                 else:

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from study.sweep.spec import Plan, Run, dotted_get
+from study.report.read import dotted_get
+from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
 FINAL_STATES = ("finished", "diverged")  # never rerun; "failed" and "running" (interrupted) are resumed

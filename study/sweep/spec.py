@@ -50,16 +50,6 @@ GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
-def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
-    """``tree["a"]["b"]`` for key "a.b" in a resolved config; ``default`` when a part is missing or the value None."""
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
-
-
 class SweepSpecError(ValueError):
     """A sweep specification that cannot run; raised before any run starts."""
 

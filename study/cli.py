@@ -18,11 +18,14 @@ import importlib
 import importlib.util
 import re
 import sys
+from argparse import ArgumentError
+from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
 from study.data import TextDataModule
 from study.model import GPT2Module
+from study.sweep.spec import SweepSpecError, load_yaml
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
 VERBS: dict[str, str] = {
@@ -47,10 +50,7 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
     LightningCLI parses ``sys.argv``. Lightning's DDP launcher starts the other ranks by re-executing
     ``sys.argv``: they must get the very `study fit ...` command this process runs, not a truncated one.
     """
-    kwargs = dict(
-        save_config_kwargs={"overwrite": False},
-        parser_kwargs={"parser_mode": "omegaconf"} if _has_omegaconf() else None,
-    )
+    kwargs = dict(save_config_kwargs={"overwrite": False}, parser_kwargs=_parser_kwargs())
     kwargs.update(cli_kwargs)
     argv = sys.argv
     if args is not None:
@@ -77,14 +77,16 @@ def check_fit_args(args: list[str]) -> str | None:
     A sweep calls this for every run before the first one starts: a typo such as `trainer.max_stepz` in the
     overrides is refused up front instead of failing each run after it has started.
     """
-    parser_kwargs = {"exit_on_error": False}
-    if _has_omegaconf():
-        parser_kwargs["parser_mode"] = "omegaconf"
     argv = sys.argv
     sys.argv = [argv[0], *args]
     try:
         _ParseOnly(
-            GPT2Module, TextDataModule, args=None, run=False, parser_kwargs=parser_kwargs, save_config_callback=None
+            GPT2Module,
+            TextDataModule,
+            args=None,
+            run=False,
+            parser_kwargs=_parser_kwargs(),
+            save_config_callback=None,
         )
     except Exception as err:  # noqa: BLE001 - the parser's own message is the answer
         return one_line(err)
@@ -122,10 +124,21 @@ def _option_of(chain: list[BaseException]) -> str | None:
         tb = exc.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            if "jsonargparse" in frame.f_code.co_filename and isinstance(frame.f_locals.get("key"), str):
-                return frame.f_locals["key"]
+            if "jsonargparse" in frame.f_code.co_filename:
+                dest = getattr(frame.f_locals.get("component"), "dest", None)
+                if isinstance(dest, str):
+                    return dest
             tb = tb.tb_next
     return None
+
+
+def _parser_kwargs() -> dict:
+    # Parse errors raise (ArgumentError) instead of printing the whole usage and exiting: `main` makes them one
+    # line, and a sweep records them in the run's status.
+    kwargs: dict = {"exit_on_error": False}
+    if _has_omegaconf():
+        kwargs["parser_mode"] = "omegaconf"
+    return kwargs
 
 
 def _has_omegaconf() -> bool:
@@ -133,15 +146,33 @@ def _has_omegaconf() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`study <verb> ...`. A bad input or a failed run ends in one line on stderr; `--verbose` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in VERBS:
-        return importlib.import_module(VERBS[argv[0]]).main(argv[1:])
-    cli = lightning_main(argv)
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
+    try:
+        if argv and argv[0] in VERBS:
+            return importlib.import_module(VERBS[argv[0]]).main(argv[1:])
+        for path in _config_files(argv):
+            load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
+        cli = lightning_main(argv)
+    except Exception as err:
+        if verbose:
+            raise
+        print(f"study {verb}: {one_line(err)}  (--verbose shows the traceback)", file=sys.stderr)
+        return 2 if isinstance(err, (ArgumentError, SweepSpecError)) else 1
     diverged = _diverged(cli)
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
     return 0
+
+
+def _config_files(argv: list[str]) -> list[str]:
+    files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    return [f for f in files if Path(f).is_file()]
 
 
 def _diverged(cli: StudyCLI) -> str | None:

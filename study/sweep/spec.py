@@ -230,12 +230,30 @@ def _find_file(path: str, spec_path: Path) -> Path:
     )
 
 
+def load_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a syntax error or a non-text file raises `SweepSpecError` as `file:line:column: ...`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise SweepSpecError(f"{path} is not a text (YAML) file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context = getattr(err, "context", None)
+        raise SweepSpecError(
+            f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else "")
+        ) from None
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SweepSpecError(f"sweep config {str(path)!r} not found")
-    with open(path) as f:
-        spec = yaml.safe_load(f) or {}
+    spec = load_yaml(path) or {}
     _check_keys("sweep config", spec, TOP_KEYS)
     return spec
 
@@ -252,8 +270,7 @@ def build_plan(
     if "base" not in spec:
         raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
     base = _find_file(spec["base"], spec_path)
-    with open(base) as f:
-        base_config = yaml.safe_load(f) or {}
+    base_config = load_yaml(base) or {}
     name = str(spec.get("name") or spec_path.stem)
     overrides = _check_overrides("overrides", spec.get("overrides"))
     grid_in = dict(spec.get("grid") or {})

@@ -19,6 +19,7 @@ Token blocks are packed to `block_size` and cached under `cache_dir`, keyed by e
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import importlib.util
 import json
@@ -73,6 +74,26 @@ def gpt2_tokenizer():
     if len(tokenizer) != 50257:
         raise RuntimeError(f"offline GPT-2 tokenizer has {len(tokenizer)} tokens, expected 50257")
     return tokenizer
+
+
+def text_problem(path: str | Path, sniff: int = 1 << 20) -> str | None:
+    """Why `path` cannot serve as text (empty, or binary: NUL bytes or not UTF-8 in its first MiB); None if fine.
+
+    Text read with replacement characters would tokenise into nonsense and train or analyse it without a word.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(sniff)
+    if not head.strip():
+        if path.stat().st_size <= sniff:
+            return f"{path} is empty (no text to tokenise)"
+    if b"\0" in head:
+        return f"{path} is not text (it holds NUL bytes: a binary file?)"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < sniff)
+    except UnicodeDecodeError as err:
+        return f"{path} is not UTF-8 text (byte {err.start}: {head[err.start:err.start + 4]!r})"
+    return None
 
 
 def _atomic_save(save, target: Path) -> None:
@@ -146,6 +167,9 @@ class TextDataModule(L.LightningDataModule):
             for f in [*train_files, *val_files]:
                 if not Path(f).is_file():
                     raise FileNotFoundError(f"data file not found: {f}")
+                problem = text_problem(f)
+                if problem:
+                    raise ValueError(f"data file {problem}")
         self.save_hyperparameters()
         self.cache_dir = Path(cache_dir)
         self.train_data = self.val_data = None

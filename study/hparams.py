@@ -17,6 +17,7 @@ sweep's folder (``tensorboard --logdir logs/<sweep>``) to compare its runs.
 
 from __future__ import annotations
 
+import fcntl
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -138,13 +139,17 @@ def write_experiment(
     from torch.utils.tensorboard import SummaryWriter
 
     folder = Path(sweep_dir) / EXPERIMENT_DIR
-    for old in folder.glob("events.out.tfevents.*"):
-        old.unlink()  # a rerun with a changed plan declares afresh; one declaration per folder
-    writer = SummaryWriter(log_dir=str(folder))
-    try:
-        writer._get_file_writer().add_summary(experiment_summary(hparams, metrics, description))
-    finally:
-        writer.close()
+    folder.mkdir(parents=True, exist_ok=True)
+    # Several sweep workers may declare at once: one at a time, so exactly one declaration is left.
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for old in folder.glob("events.out.tfevents.*"):
+            old.unlink()  # a rerun with a changed plan declares afresh; one declaration per folder
+        writer = SummaryWriter(log_dir=str(folder))
+        try:
+            writer._get_file_writer().add_summary(experiment_summary(hparams, metrics, description))
+        finally:
+            writer.close()
     return folder
 
 

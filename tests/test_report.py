@@ -16,7 +16,7 @@ def test_report_from_real_logs(tmp_path):
         tmp_path,
         {"temperature": [0.01, 1.0], "top_k": [None, 2]},
         callbacks=[
-            {"class_path": "study.sweep.faults.NaNLossAtStep", "init_args": {"step": 4, "env": "NEVER_SET"}}
+            {"class_path": "tests.faults.NaNLossAtStep", "init_args": {"step": 4, "env": "NEVER_SET"}}
         ],
     )
     assert main(["--config", str(spec), "--no-estimate"]) == 0

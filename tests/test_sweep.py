@@ -103,7 +103,7 @@ def test_killed_run_resumes_without_duplicate_or_missing_steps(tmp_path):
         tmp_path,
         {"temperature": [0.5]},
         {"trainer.max_steps": 8, "trainer.val_check_interval": 8},
-        callbacks=[{"class_path": "study.sweep.faults.KillAtStep", "init_args": {"step": 5}}],
+        callbacks=[{"class_path": "tests.faults.KillAtStep", "init_args": {"step": 5}}],
     )
     cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"]
     first = subprocess.run(
@@ -159,7 +159,13 @@ def test_default_and_hub_sweeps_parse():
     assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
     normalizers = build_plan(ROOT / "configs" / "sweeps" / "normalizers.yaml")
     assert len(normalizers.runs) == 20
-    assert {r.params["normalizer"] for r in normalizers.runs} == {"softmax", "sparsemax", "entmax15", "ssmax", "self_adjust"}
+    assert {r.params["normalizer"] for r in normalizers.runs} == {
+        "softmax",
+        "sparsemax",
+        "entmax15",
+        "ssmax",
+        "self_adjust",
+    }
     hub = build_plan(ROOT / "configs" / "sweeps" / "gpt2-wikitext.yaml")
     assert len(hub.runs) == 60
     # the run's `study fit` arguments parse (print_config exits before the hub would be touched)
@@ -211,3 +217,43 @@ def test_ddp_run_and_parallel_subprocesses(tmp_path):
         assert st["state"] == "finished" and st["global_step"] == 4
         assert len(read_scalars(run)["train/loss"]) == 4
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in logs
+
+
+def test_run_names_are_exact_and_duplicate_values_are_merged(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"temperature": [0.1234561, 0.1234564, 1, 1.0], "top_k": [None, 2, 2.0]})
+    plan = build_plan(spec)
+    names = [r.name for r in plan.runs]
+    assert len(set(names)) == len(names) == 6  # 3 temperatures x 2 top_k
+    assert {r.params["temperature"] for r in plan.runs} == {0.1234561, 0.1234564, 1}
+    assert "T0.1234561_kall_softmax_s0" in names and "T0.1234564_kall_softmax_s0" in names
+    assert "T1_k2_softmax_s0" in names
+    assert len(set(r.fingerprint for r in plan.runs)) == 6
+    assert main(["--config", str(spec), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "grid `temperature` lists 1 and 1.0, the same setting: merged into one run" in err
+    assert "grid `top_k` lists 2 and 2.0" in err
+
+
+def test_each_run_has_one_guard_whether_the_base_config_or_the_spec_brings_it(tmp_path):
+    def guards(plan):
+        cbs = plan.runs[0].resolved["trainer"]["callbacks"]
+        return [cb["init_args"] for cb in cbs if cb["class_path"].endswith("NonFiniteGuard")]
+
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}))) == [
+        {"action": "stop", "log_grad_norm": True}
+    ]
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard={"action": "skip"}))) == [
+        {"action": "skip"}
+    ]
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard={"enabled": False}))) == []
+    assert guards(build_plan(write_spec(tmp_path, {"seed": [0]}, guard=None))) == [
+        {"action": "stop"}
+    ]  # the base's
+
+
+def test_a_bad_override_is_refused_before_any_run(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"seed": [0, 1]}, {"trainer.max_stepz": 3})
+    assert main(["--config", str(spec), "--no-estimate"]) == 2
+    err = capsys.readouterr().err
+    assert "refuses its arguments: unrecognized arguments: --trainer.max_stepz=3; nothing was run" in err
+    assert not list((tmp_path / "logs" / "tiny").glob("*/status.json"))

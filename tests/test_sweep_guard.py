@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.report.read import read_scalars
 from study.sweep import main
-from study.sweep.faults import NaNLossAtStep
+from tests.faults import NaNLossAtStep
 from tests.test_sweep import write_spec
 
 
@@ -80,7 +80,7 @@ def test_diverged_run_in_a_sweep(tmp_path):
         tmp_path,
         {"temperature": [0.01]},
         callbacks=[
-            {"class_path": "study.sweep.faults.NaNLossAtStep", "init_args": {"step": 3, "always": True}}
+            {"class_path": "tests.faults.NaNLossAtStep", "init_args": {"step": 3, "always": True}}
         ],
     )
     assert main(["--config", str(spec), "--no-estimate"]) == 0  # diverged is a final state, not a failure

@@ -118,6 +118,10 @@ def read_text(spec: str, min_chars: int) -> str:
         path = Path(spec)
         if not path.is_file():
             raise AnalyzeError(f"text file not found: {spec}")
+        from study.data import text_problem
+
+        if (problem := text_problem(path)) is not None and "empty" not in problem:  # a binary file: refuse it
+            raise AnalyzeError(problem)
         text = path.read_text(errors="replace")
     if not text.strip():
         raise AnalyzeError(f"empty text: {spec} has no characters to tokenise")

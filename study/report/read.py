@@ -1,4 +1,8 @@
-"""Load a sweep's runs: parameters, status and scalar series from the event files."""
+"""Load a sweep's runs: parameters, status and scalar series from the event files.
+
+A damaged file (a truncated plan.json or status.json) is named in `problems` and the other runs are read as
+usual; a run whose status cannot be read has the state "unreadable".
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from study.sweep.spec import dotted_get
+
+def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
+    """``tree["a"]["b"]`` for key "a.b" in a resolved config; ``default`` when a part is missing or the value None."""
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None with the reason appended to `problems` if it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problems.append(f"{path} is damaged ({type(err).__name__}: {err}); skipped")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path} is not a JSON object; skipped")
+        return None
+    return data
 
 
 @dataclass
@@ -33,8 +58,8 @@ class RunData:
 def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """All scalar series of a run folder's event files, as (step, value) sorted by step.
 
-    EventAccumulator keeps every point (size guidance 0) and, when a resumed run logs a step again, drops the
-    earlier points from that step on (TensorBoard's out-of-order purge), so each step appears once.
+    A resumed run's writer starts with `purge_step` = its checkpoint's step (the sweep sets it); EventAccumulator
+    then drops the earlier attempt's points from that step on. Each step keeps one value (the latest).
     """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -49,30 +74,33 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def load_sweep(sweep_dir: str | Path) -> tuple[dict[str, Any], list[RunData]]:
+def load_sweep(
+    sweep_dir: str | Path, problems: list[str] | None = None
+) -> tuple[dict[str, Any], list[RunData]]:
+    """The plan and every run of a sweep folder; damaged files are named in `problems` (and printed if it is
+    None) and the rest is read."""
     sweep_dir = Path(sweep_dir)
+    found: list[str] = []
     plan_path = sweep_dir / "plan.json"
-    plan = json.loads(plan_path.read_text()) if plan_path.is_file() else {"sweep": sweep_dir.name, "runs": []}
-    entries = plan.get("runs") or []
-    if not entries:  # no plan: every run folder with a status file
-        entries = [
-            {
-                "name": d.name,
-                "dir": str(d),
-                "params": json.loads((d / "status.json").read_text()).get("params", {}),
-            }
-            for d in sorted(sweep_dir.iterdir())
-            if (d / "status.json").is_file() and d.name != "pretrain"
-        ]
+    plan = read_json(plan_path, found) if plan_path.is_file() else None
+    plan = plan or {"sweep": sweep_dir.name, "runs": []}
+    entries = [e for e in plan.get("runs") or [] if isinstance(e, dict) and e.get("name")]
+    if not entries:  # no usable plan: every run folder with a status file
+        entries = [{"name": d.name} for d in sorted(sweep_dir.iterdir()) if (d / "status.json").is_file()]
+        entries = [e for e in entries if e["name"] != "pretrain"]
     runs = []
     for entry in entries:
         run_dir = sweep_dir / entry["name"]
         status_path = run_dir / "status.json"
-        status = json.loads(status_path.read_text()) if status_path.is_file() else {"state": "missing"}
+        status = {"state": "missing"}
+        if status_path.is_file():
+            status = read_json(status_path, found) or {"state": "unreadable"}
         scalars = read_scalars(run_dir) if run_dir.is_dir() else {}
-        runs.append(
-            RunData(
-                entry["name"], run_dir, entry.get("params", {}), status, entry.get("resolved", {}), scalars
-            )
-        )
+        params = entry.get("params") or status.get("params") or {}
+        runs.append(RunData(entry["name"], run_dir, params, status, entry.get("resolved", {}), scalars))
+    if problems is None:
+        for line in found:
+            print(f"study report: {line}", flush=True)
+    else:
+        problems.extend(found)
     return plan, runs

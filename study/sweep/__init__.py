@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
+from study.sweep.lock import RunBusy, RunLock, busy
 from study.sweep.runner import (
     FINAL_STATES,
     Progress,
@@ -105,6 +107,22 @@ def _check_stale(plan: Plan) -> None:
             )
 
 
+def _refused_args(plan: Plan, run_index: str | None) -> str | None:
+    """Parse the `study fit` arguments of every run still to do (or of the one run asked for), before any starts."""
+    from study.cli import check_fit_args
+
+    runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
+    if run_index is not None:
+        runs = [r for r in runs if str(r.index) == str(run_index)]
+    for run in runs:
+        if _done(run):
+            continue
+        message = check_fit_args(run.args)
+        if message:
+            return f"run {run.name}: `study fit` refuses its arguments: {message}"
+    return None
+
+
 def _needs_subprocess(plan: Plan, passthrough: list[str]) -> bool:
     """DDP inside the sweep process would relaunch the whole sweep per rank: run each such run as a subprocess."""
     run = plan.runs[0]
@@ -160,10 +178,19 @@ def _run_one(plan: Plan, index: str) -> int:
                 file=sys.stderr,
             )
             return 2
-    if _done(run):
-        print(f"{run.name}: already {read_status(run.dir)['state']}, skipped", flush=True)
+    if not is_rank_zero():  # a worker of a multi-process run: rank zero holds the run's lock
+        status = execute_run(run, is_pretrain=is_pretrain)
+        return 0 if status["state"] in FINAL_STATES else 1
+    try:
+        with RunLock(run.dir) as lock:
+            _say_taken_over(run, lock)
+            if _done(run):
+                print(f"{run.name}: already {read_status(run.dir)['state']}, skipped", flush=True)
+                return 0
+            status = execute_run(run, is_pretrain=is_pretrain)
+    except RunBusy as held:
+        print(f"study sweep: {held}; left to it", flush=True)
         return 0
-    status = execute_run(run, is_pretrain=is_pretrain)
     if is_rank_zero():
         print(
             f"{run.name}: {status['state']} in {status.get('duration_s', 0):.1f}s"
@@ -173,13 +200,45 @@ def _run_one(plan: Plan, index: str) -> int:
     return 0 if status["state"] in FINAL_STATES else 1
 
 
-def _run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress: Progress) -> list[dict]:
+def _say_taken_over(run: Run, lock: RunLock) -> None:
+    if lock.taken_over:
+        print(
+            f"{run.name}: taking over the lock of pid {lock.taken_over.get('pid')} on {lock.taken_over.get('host')}"
+            " (that process is gone)",
+            flush=True,
+        )
+
+
+def _left_to_others(run: Run, held: RunBusy, progress: Progress) -> None:
+    progress.update(run, {"state": "running elsewhere", "reason": str(held)}, skipped=True)
+
+
+def _run_in_process(todo: list[Run], progress: Progress) -> None:
+    """Train each run this process can lock; runs other processes hold are left to them."""
+    for run in todo:
+        try:
+            with RunLock(run.dir) as lock:
+                _say_taken_over(run, lock)
+                if _done(run):  # finished by another process since the plan was read
+                    progress.update(run, read_status(run.dir) or {}, skipped=True)
+                    continue
+                progress.update(run, execute_run(run))
+        except RunBusy as held:
+            _left_to_others(run, held, progress)
+
+
+def _run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress: Progress) -> None:
+    """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time."""
     slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
-    pending, active, results = list(todo), {}, []
+    pending, active = list(todo), {}
     while pending or active:
         for slot, gpus in enumerate(slots):
             if slot not in active and pending:
                 run = pending.pop(0)
+                held = busy(run.dir)
+                if held is not None:
+                    _left_to_others(run, held, progress)
+                    continue
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
                 cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir)
                 active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
@@ -191,8 +250,32 @@ def _run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progres
                 status = finish_subprocess(proc, run)
                 status.setdefault("duration_s", round(time.perf_counter() - started, 2))
                 progress.update(run, status)
-                results.append(status)
-    return results
+
+
+def _wait_for_pretraining(plan: Plan) -> None:
+    """Another process pretraining the shared model: wait for it (every run of the sweep needs its result)."""
+    held = busy(plan.pretrain.dir)
+    if held is not None:
+        print(f"study sweep: waiting for the pretraining: {held}", flush=True)
+    while held is not None:
+        time.sleep(5)
+        held = busy(plan.pretrain.dir)
+
+
+def _pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
+    print(f"pretraining -> {plan.pretrain.dir}", flush=True)
+    if subprocess_mode:
+        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir)
+        proc = launch_subprocess(cmd, plan.pretrain)
+        proc.wait()
+        return finish_subprocess(proc, plan.pretrain)
+    try:
+        with RunLock(plan.pretrain.dir) as lock:
+            _say_taken_over(plan.pretrain, lock)
+            return execute_run(plan.pretrain, is_pretrain=True)
+    except RunBusy:  # another process started it between our check and now
+        _wait_for_pretraining(plan)
+        return read_status(plan.pretrain.dir) or {"state": "missing"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,22 +294,29 @@ def main(argv: list[str] | None = None) -> int:
     except SweepSpecError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
+    for note in plan.notes:
+        if is_rank_zero():
+            print(f"study sweep: {note}", file=sys.stderr, flush=True)
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
     threads = args.threads or plan.threads
     if threads:
-        import os
-
         import torch
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
+    refused = _refused_args(plan, args.run_index)
+    if refused:
+        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
+        return 2
     if args.run_index is not None:
         return _run_one(plan, args.run_index)
 
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    (plan.sweep_dir / "plan.json").write_text(json.dumps(plan.as_dict(), indent=2, default=str))
+    tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
+    tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
+    tmp.replace(plan.sweep_dir / "plan.json")
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
     if args.dry_run:
         for run in plan.runs:
@@ -274,16 +364,11 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     start = time.perf_counter()
+    if plan.pretrain is not None:
+        _wait_for_pretraining(plan)
+        pretrain_todo = not _pretrain_done(plan)
     if pretrain_todo:
-        print(f"pretraining -> {plan.pretrain.dir}", flush=True)
-        if subprocess_mode:
-            proc = launch_subprocess(
-                run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir), plan.pretrain
-            )
-            proc.wait()
-            status = finish_subprocess(proc, plan.pretrain)
-        else:
-            status = execute_run(plan.pretrain, is_pretrain=True)
+        status = _pretrain(plan, args, passthrough, subprocess_mode)
         print(
             f"pretrain: {status['state']} in {fmt_duration(time.perf_counter() - start)}"
             + (f" ({status['reason']})" if status.get("reason") else ""),
@@ -300,17 +385,22 @@ def main(argv: list[str] | None = None) -> int:
         if run not in todo:
             progress.update(run, read_status(run.dir) or {}, skipped=True)
     if subprocess_mode:
-        results = _run_pool(plan, todo, args, passthrough, progress)
+        _run_pool(plan, todo, args, passthrough, progress)
     else:
-        results = []
-        for run in todo:
-            results.append(execute_run(run))
-            progress.update(run, results[-1])
+        _run_in_process(todo, progress)
     states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
     counts = {s: states.count(s) for s in sorted(set(states))}
     print(
         f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
     )
+    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
+    if elsewhere:
+        print(
+            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
+            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
+            flush=True,
+        )
+        return 0
     if plan.report and not args.no_report:
         from study.report import build_report
 

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from study.sweep.spec import Plan, Run, dotted_get
+from study.report.read import dotted_get
+from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
 FINAL_STATES = ("finished", "diverged")  # never rerun; "failed" and "running" (interrupted) are resumed
@@ -38,13 +39,26 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    """Write status.json atomically; on a full disk, overwrite the old file in place with a compact record.
+
+    A full disk is one of the ways a run ends, and its status must still say so: the in-place record (no args,
+    no metrics) is shorter than the `running` status it replaces, so it needs no new disk blocks.
+    """
     if not is_rank_zero():
         return
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(status, indent=2, default=str))
-    tmp.replace(run_dir / STATUS_FILE)
+    try:
+        tmp.write_text(json.dumps(status, indent=2, default=str))
+        tmp.replace(run_dir / STATUS_FILE)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
+        data = json.dumps(compact, default=str).encode()
+        with open(run_dir / STATUS_FILE, "r+b") as f:  # the file exists: `running` was written at the start
+            f.write(data)
+            f.truncate(len(data))
 
 
 def _now() -> str:
@@ -52,13 +66,43 @@ def _now() -> str:
 
 
 def checkpoint_step(path: Path) -> int | None:
+    """The global step saved in a checkpoint, or None (with the reason printed) if the file does not load."""
     import torch
 
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step", 0))
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return int(ckpt.get("global_step", 0))
     except Exception as err:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
-        print(f"cannot read the step of {path}: {type(err).__name__}: {err}", flush=True)
+        print(f"cannot read {path}: {type(err).__name__}: {err}", flush=True)
         return None
+
+
+def resume_point(ckpt_dir: Path) -> tuple[Path | None, int | None, list[str]]:
+    """The checkpoint to resume from, its step, and notes on what was wrong.
+
+    last.ckpt if it loads. A checkpoint that does not load (a kill or a full disk during its write) is renamed
+    `<name>.corrupt` on rank zero, so that no rerun trips over it again, and the readable checkpoint with the most
+    steps (the best-model one, say) is used instead; with none, the run starts over.
+    """
+    last = ckpt_dir / "last.ckpt"
+    candidates = ([last] if last.is_file() else []) + sorted(p for p in ckpt_dir.glob("*.ckpt") if p != last)
+    notes, good = [], []
+    for path in candidates:
+        step = checkpoint_step(path)
+        if step is None:
+            notes.append(f"{path} does not load: renamed {path.name}.corrupt")
+            if is_rank_zero():
+                path.replace(path.with_name(path.name + ".corrupt"))
+            continue
+        good.append((step, path))
+        if path == last:
+            break  # the normal case: nothing else to read
+    if not good:
+        return None, None, notes + (["no readable checkpoint: starting over"] if notes else [])
+    step, path = max(good, key=lambda sp: sp[0])
+    if notes:
+        notes.append(f"resuming from {path.name} (step {step})")
+    return path, step, notes
 
 
 def fmt_duration(seconds: float) -> str:
@@ -77,16 +121,12 @@ def _numeric_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
-    """Fit one run exactly as `study fit <run.args>` would, resuming from its last.ckpt if there is one."""
-    from study.callbacks.nonfinite import NonFiniteGuard
-    from study.cli import lightning_main
-
-    run.dir.mkdir(parents=True, exist_ok=True)
-    last = run.dir / "checkpoints" / "last.ckpt"
-    resume = last if last.is_file() else None
-    previous = read_status(run.dir) or {}
-    status: dict[str, Any] = {
+def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: int | None, notes: list[str]):
+    if (
+        previous.get("state") == "running"
+    ):  # the last attempt never wrote its end: killed, or the machine died
+        notes = [f"attempt {previous.get('attempts', '?')} ended without a word (killed?)", *notes]
+    return {
         "name": run.name,
         "index": run.index,
         "params": run.params,
@@ -95,39 +135,76 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         "reason": None,
         "started": _now(),
         "attempts": int(previous.get("attempts", 0)) + 1,
-        "resumed_from_step": checkpoint_step(resume) if resume else None,
+        "resumed_from": str(resume) if resume else None,
+        "resumed_from_step": step,
+        "notes": notes,
         "args": run.args,
     }
+
+
+def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
+    """State and reason of a fit that returned."""
+    metrics = _numeric_metrics(cli.trainer.callback_metrics)
+    out: dict[str, Any] = {"global_step": cli.trainer.global_step, "metrics": metrics}
+    if guard is not None:
+        out["skipped_steps"] = guard.skipped_steps
+    train_loss = metrics.get("train/loss")
+    if guard is not None and guard.diverged:
+        return {**out, "state": "diverged", "reason": guard.diverged["reason"]}
+    if train_loss is not None and not math.isfinite(train_loss):
+        return {
+            **out,
+            "state": "diverged",
+            "reason": f"training loss is {train_loss} at the end (no guard stopped it)",
+        }
+    if cli.trainer.interrupted:
+        return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
+    if is_pretrain and is_rank_zero():
+        hf = run.dir / "hf"
+        cli.model.model.save_pretrained(hf)
+        cli.datamodule.tokenizer.save_pretrained(hf)
+    return {**out, "state": "finished"}
+
+
+def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
+    """Fit one run exactly as `study fit <run.args>` would, resuming from its last good checkpoint.
+
+    Every way the fit ends is written to status.json with its reason: finished, diverged, an exception (failed,
+    traceback in error.txt), Ctrl-C or SIGTERM (failed, then re-raised), a full disk (failed, written in place).
+    A resumed run's TensorBoard writer purges the steps logged after the checkpoint (`purge_step`), so each
+    step keeps one value.
+    """
+    from study.callbacks.nonfinite import NonFiniteGuard
+    from study.cli import lightning_main
+
+    run.dir.mkdir(parents=True, exist_ok=True)
+    resume, step, notes = resume_point(run.dir / "checkpoints")
+    status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
+    for note in status["notes"]:
+        if is_rank_zero():
+            print(f"{run.name}: {note}", flush=True)
     write_status(run.dir, status)
     start = time.perf_counter()
+    # steps logged after the checkpoint (or by an attempt with no usable checkpoint) are dropped from TensorBoard
+    purge = step if resume else (0 if list(run.dir.glob("events.out.tfevents.*")) else None)
+    args = list(run.args) + ([f"--trainer.logger.init_args.purge_step={purge}"] if purge is not None else [])
     cli = None
     try:
-        cli = lightning_main(run.args, run=False, save_config_kwargs={"overwrite": True})
+        cli = lightning_main(args, run=False, save_config_kwargs={"overwrite": True})
         guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
-        metrics = _numeric_metrics(cli.trainer.callback_metrics)
-        status.update(global_step=cli.trainer.global_step, metrics=metrics)
-        if guard is not None:
-            status["skipped_steps"] = guard.skipped_steps
-        train_loss = metrics.get("train/loss")
-        if guard is not None and guard.diverged:
-            status.update(state="diverged", reason=guard.diverged["reason"])
-        elif train_loss is not None and not math.isfinite(train_loss):
-            status.update(
-                state="diverged", reason=f"training loss is {train_loss} at the end (no guard stopped it)"
-            )
-        elif cli.trainer.interrupted:
-            status.update(state="failed", reason="interrupted (KeyboardInterrupt or a signal)")
-        else:
-            status.update(state="finished")
-            if is_pretrain and is_rank_zero():
-                hf = run.dir / "hf"
-                cli.model.model.save_pretrained(hf)
-                cli.datamodule.tokenizer.save_pretrained(hf)
+        status.update(_outcome(cli, guard, is_pretrain, run))
     except Exception as err:  # noqa: BLE001 - a failed run is recorded and does not stop the sweep
         status.update(state="failed", reason=f"{type(err).__name__}: {err}")
         if is_rank_zero():
-            (run.dir / "error.txt").write_text(traceback.format_exc())
+            try:
+                (run.dir / "error.txt").write_text(traceback.format_exc())
+            except OSError:  # a full disk: the status (written in place) still says why
+                pass
+    except BaseException as err:  # Ctrl-C (Lightning turns it into SystemExit(1)), SIGTERM: record, then stop
+        cause = err.__context__ if isinstance(err, SystemExit) and err.__context__ else err
+        status.update(state="failed", reason=f"interrupted: {type(cause).__name__} {cause}".strip())
+        raise
     finally:
         status.update(ended=_now(), duration_s=round(time.perf_counter() - start, 2))
         write_status(run.dir, status)

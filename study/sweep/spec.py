@@ -50,16 +50,6 @@ GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
-def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
-    """``tree["a"]["b"]`` for key "a.b" in a resolved config; ``default`` when a part is missing or the value None."""
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
-
-
 class SweepSpecError(ValueError):
     """A sweep specification that cannot run; raised before any run starts."""
 
@@ -100,6 +90,7 @@ class Plan:
     report: bool
     quick: bool
     threads: int | None = None
+    notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -123,9 +114,44 @@ class Plan:
         }
 
 
+def exact(value: float) -> str:
+    """The shortest text that reads back as exactly this float (1.0 -> "1", 0.1234561 -> "0.1234561").
+
+    Run names must not round: with 6 significant digits two temperatures shared a folder, and the second run
+    "resumed" the first one's finished checkpoint.
+    """
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
 def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) -> str:
-    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key)."""
-    return f"T{temperature:g}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
+    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key); distinct settings
+    give distinct names."""
+    return f"T{exact(temperature)}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
+
+
+def _same_key(key: str, value: Any) -> Any:
+    """What makes two grid values the same setting: 1 and 1.0 are one temperature (and one top_k, one seed)."""
+    if (
+        key in ("temperature", "top_k", "seed")
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    ):
+        return ("number", float(value))
+    return ("value", json.dumps(value))
+
+
+def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
+    kept: dict[Any, Any] = {}
+    for value in values:
+        same = _same_key(key, value)
+        if same in kept:
+            notes.append(
+                f"grid `{key}` lists {kept[same]!r} and {value!r}, the same setting: merged into one run"
+            )
+            continue
+        kept[same] = value
+    return list(kept.values())
 
 
 def _cli_value(value: Any) -> str:
@@ -170,7 +196,7 @@ def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
     return dict(overrides)
 
 
-def _check_grid(grid: Any) -> dict[str, list]:
+def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     from study.attention import AttentionSpec
 
     if not isinstance(grid, dict) or not grid:
@@ -185,8 +211,7 @@ def _check_grid(grid: Any) -> dict[str, list]:
             values = [values]
         if not values:
             raise SweepSpecError(f"grid `{key}` is an empty list")
-        if len(set(map(json.dumps, values))) != len(values):
-            raise SweepSpecError(f"grid `{key}` repeats a value: {values}")
+        values = _merge_duplicates(key, values, notes)
         for value in values:
             try:
                 if key == "temperature":
@@ -215,12 +240,30 @@ def _find_file(path: str, spec_path: Path) -> Path:
     )
 
 
+def load_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a syntax error or a non-text file raises `SweepSpecError` as `file:line:column: ...`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise SweepSpecError(f"{path} is not a text (YAML) file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context = getattr(err, "context", None)
+        raise SweepSpecError(
+            f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else "")
+        ) from None
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SweepSpecError(f"sweep config {str(path)!r} not found")
-    with open(path) as f:
-        spec = yaml.safe_load(f) or {}
+    spec = load_yaml(path) or {}
     _check_keys("sweep config", spec, TOP_KEYS)
     return spec
 
@@ -237,8 +280,7 @@ def build_plan(
     if "base" not in spec:
         raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
     base = _find_file(spec["base"], spec_path)
-    with open(base) as f:
-        base_config = yaml.safe_load(f) or {}
+    base_config = load_yaml(base) or {}
     name = str(spec.get("name") or spec_path.stem)
     overrides = _check_overrides("overrides", spec.get("overrides"))
     grid_in = dict(spec.get("grid") or {})
@@ -255,7 +297,8 @@ def build_plan(
             pretrain_spec = copy.deepcopy(pretrain_spec)
             pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
         name = f"{name}-quick"
-    grid = _check_grid(grid_in)
+    notes: list[str] = []
+    grid = _check_grid(grid_in, notes)
     guard = spec.get("guard") or {}
     _check_keys("guard", guard, GUARD_KEYS)
     checkpoint = spec.get("checkpoint") or {}
@@ -284,6 +327,9 @@ def build_plan(
             if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
                 init = cb.setdefault("init_args", {})
                 init["dirpath"] = str(run_dir / "checkpoints")
+                # An exception checkpoint is taken mid-batch; resumed from it, the run logged its steps shifted by
+                # one (measured). Sweeps resume from the periodic last.ckpt instead.
+                init["save_on_exception"] = False
                 if init.get("save_last") and not init.get("monitor"):
                     resume = init
                 else:
@@ -292,10 +338,13 @@ def build_plan(
             resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
             callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
         resume.update({k: v for k, v in checkpoint.items() if v is not None})
-        if guard.get("enabled", True):
-            callbacks.append(
-                {"class_path": GUARD_CLASS, "init_args": {k: v for k, v in guard.items() if k != "enabled"}}
-            )
+        # One guard per run: the spec's `guard` section replaces the base config's guard (or removes it).
+        base_guards = [cb for cb in callbacks if cb.get("class_path", "").endswith("NonFiniteGuard")]
+        if guard or not base_guards:
+            callbacks = [cb for cb in callbacks if cb not in base_guards]
+            if guard.get("enabled", True):
+                init_args = {k: v for k, v in guard.items() if k != "enabled"}
+                callbacks.append({"class_path": GUARD_CLASS, "init_args": init_args})
         callbacks.extend(copy.deepcopy(extra_callbacks))
         return callbacks
 
@@ -359,10 +408,22 @@ def build_plan(
                 settings[GRID_ARGS[key]] = params[key]
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
+        # cannot happen with exact names; never let two runs share a folder silently
+        if any(r.name == rname for r in runs):
+            raise SweepSpecError(f"two runs would share the folder {run_dir}")
         runs.append(Run(index, rname, run_dir, params, args, resolved))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
     return Plan(
-        name, spec_path, sweep_dir, base, runs, pretrain, bool(spec.get("report", True)), quick, threads
+        name,
+        spec_path,
+        sweep_dir,
+        base,
+        runs,
+        pretrain,
+        bool(spec.get("report", True)),
+        quick,
+        threads,
+        notes,
     )

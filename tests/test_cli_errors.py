@@ -1,0 +1,92 @@
+"""`study fit` that goes wrong: a non-finite run exits non-zero with its reason; bad input is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from study.analysis.cli import AnalyzeError, read_text
+from study.cli import main
+from study.data import TextDataModule, text_problem
+from tests.test_cli import fit_args
+
+
+def test_a_run_that_goes_non_finite_stops_exits_1_and_keeps_finite_checkpoints(text_files, tmp_path, capsys):
+    args = fit_args(
+        text_files,
+        tmp_path,
+        "--model.learning_rate=1e6",
+        "--model.warmup_steps=0",
+        "--trainer.max_steps=20",
+        "--trainer.val_check_interval=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.logger.init_args.version=lr1e6",
+    )
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "study fit: stopped, non-finite" in err
+    checkpoints = sorted((tmp_path / "logs" / "default" / "lr1e6" / "checkpoints").glob("*.ckpt"))
+    assert {p.name for p in checkpoints} >= {"last.ckpt"} and len(checkpoints) >= 2  # last and best
+    for path in checkpoints:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        assert ckpt["global_step"] < 20  # stopped early
+        for name, tensor in ckpt["state_dict"].items():
+            assert torch.isfinite(tensor).all(), (Path(path).name, name)
+
+
+def error_lines(capsys) -> list[str]:
+    """stderr lines written by `study` itself (Lightning's and warnings' own lines aside)."""
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("study ")]
+
+
+def test_a_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_steps: 3\n  devices: [1, 2\nmodel: {}\n")
+    assert main(["fit", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and f"study fit: {bad}:4:6: YAML syntax error" in err and "Traceback" not in err
+    )
+    assert main(["sweep", "--config", str(bad)]) == 2
+    assert f"{bad}:4:6: YAML syntax error" in capsys.readouterr().err
+
+
+def test_a_bad_value_or_option_is_one_line_naming_it(text_files, tmp_path, capsys):
+    assert main(fit_args(text_files, tmp_path, "--model.attention.temperature=0")) == 1
+    assert error_lines(capsys) == [
+        "study fit: --model.attention: temperature must be finite and > 0, got 0.0  (--verbose shows the traceback)"
+    ]
+    assert main(fit_args(text_files, tmp_path, "--trainer.max_stepz=3")) == 2
+    assert error_lines(capsys) == [
+        "study fit: unrecognized arguments: --trainer.max_stepz=3  (--verbose shows the traceback)"
+    ]
+    assert main(fit_args(text_files, tmp_path, "--trainer.max_steps=abc")) == 2
+    assert (
+        "study fit: --trainer.max_steps: Expected a <class 'int'>. Got value: abc" in error_lines(capsys)[0]
+    )
+    with pytest.raises(ValueError, match="temperature must be finite"):
+        main([*fit_args(text_files, tmp_path, "--model.attention.temperature=0"), "--verbose"])
+
+
+def test_empty_and_binary_data_files_are_refused_by_name(text_files, tmp_path):
+    train, _ = text_files
+    empty, binary = tmp_path / "empty.txt", tmp_path / "model.bin"
+    empty.write_text("\n  \n")
+    binary.write_bytes(torch.arange(256, dtype=torch.uint8).numpy().tobytes() * 4)
+    with pytest.raises(ValueError, match=f"data file {empty} is empty"):
+        TextDataModule(source="files", train_files=[train], val_files=[str(empty)])
+    with pytest.raises(ValueError, match=f"data file {binary} is not text"):
+        TextDataModule(source="files", train_files=[str(binary)], val_files=[train])
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    assert "is not UTF-8 text (byte 3" in text_problem(latin)
+    assert text_problem(train) is None
+
+
+def test_study_analyze_refuses_a_binary_text(tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(AnalyzeError, match="is not text"):
+        read_text(str(binary), 100)

@@ -1,0 +1,64 @@
+"""Every way a run ends leaves status.json saying so; a damaged checkpoint is set aside; reruns finish the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from study.report.read import read_scalars
+from tests.test_sweep import ROOT, env, status, write_spec
+
+
+def sweep(spec, faults: bool) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"]
+    extra = {"STUDY_FAULTS": "1"} if faults else {}
+    return subprocess.run(cmd, env={**env(), **extra}, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def one_run_spec(tmp_path, fault: dict):
+    return write_spec(
+        tmp_path,
+        {"temperature": [0.5]},
+        {"trainer.max_steps": 6, "trainer.val_check_interval": 6},
+        callbacks=[fault],
+    )
+
+
+def test_ctrl_c_is_recorded_and_a_truncated_checkpoint_is_set_aside(tmp_path):
+    spec = one_run_spec(
+        tmp_path, {"class_path": "tests.faults.KillAtStep", "init_args": {"step": 3, "signal": "SIGINT"}}
+    )
+    run = tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+    first = sweep(spec, faults=True)
+    assert first.returncode != 0
+    st = status(run)
+    assert st["state"] == "failed" and "interrupted: KeyboardInterrupt" in st["reason"], st
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])  # a write cut short
+    second = sweep(spec, faults=False)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    st = status(run)
+    assert st["state"] == "finished" and st["global_step"] == 6 and st["attempts"] == 2
+    assert any("last.ckpt does not load: renamed last.ckpt.corrupt" in n for n in st["notes"]), st["notes"]
+    assert st["notes"][-1] == "no readable checkpoint: starting over" and st["resumed_from_step"] is None
+    assert (run / "checkpoints" / "last.ckpt.corrupt").is_file()
+    # the first attempt's steps were purged: each step once
+    steps = [s for s, _ in read_scalars(run)["train/loss"]]
+    assert steps == list(range(6))
+
+
+def test_a_full_disk_is_recorded_and_the_rerun_resumes(tmp_path):
+    spec = one_run_spec(
+        tmp_path, {"class_path": "tests.faults.FileSizeLimitAtStep", "init_args": {"step": 3}}
+    )
+    run = tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+    first = sweep(spec, faults=True)
+    assert first.returncode != 0
+    st = status(run)
+    assert st["state"] == "failed" and "Errno 27" in st["reason"], st  # EFBIG, as ENOSPC on a full disk
+    assert "args" not in st  # the full status could not be written: the compact one was, in place
+    second = sweep(spec, faults=False)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    st = status(run)
+    assert st["state"] == "finished" and st["global_step"] == 6
+    assert st["resumed_from_step"] == 2  # the last checkpoint written before the disk filled

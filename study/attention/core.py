@@ -153,7 +153,15 @@ def attend(
         weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
     if tap.active_taps():
-        tap.notify(layer, weights, allowed, spec)
+        transforms = tuple(
+            name
+            for name, value in (("softcap", softcap), ("bias", bias), ("sinks", sinks),
+                                ("sliding_window", sliding_window), ("mask", mask))
+            if value is not None
+        )
+        inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec, normalizer,
+                                     transforms)
+        tap.notify(layer, weights, allowed, spec, inputs)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout, training=True)
     return torch.matmul(weights.to(value.dtype), value)

@@ -153,14 +153,9 @@ def attend(
         weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
     if tap.active_taps():
-        transforms = tuple(
-            name
-            for name, value in (("softcap", softcap), ("bias", bias), ("sinks", sinks),
-                                ("sliding_window", sliding_window), ("mask", mask))
-            if value is not None
-        )
+        applied = {"softcap": softcap, "bias": bias, "sinks": sinks, "sliding_window": sliding_window, "mask": mask}
         inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec, normalizer,
-                                     transforms)
+                                     tuple(name for name, given in applied.items() if given is not None))
         tap.notify(layer, weights, allowed, spec, inputs)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout, training=True)

@@ -34,9 +34,11 @@ from study.attention.spec import STOCK, AttentionSpec
 IMPLEMENTATION = "study"
 
 # Arguments transformers' attention modules and model forwards pass that do not change the result of this
-# implementation. The packing arguments (cu_seq_lens_*, max_length_*, seq_idx) are read by flash-attention
-# kernels only; with SDPA-style attention the mask built by the registered mask function carries the packing,
-# exactly as for stock "sdpa" and "eager". The others are bookkeeping (positions, cache, what to return).
+# implementation (found by reading the attention calls of transformers 5.24's modeling files). The packing
+# arguments (cu_seq_lens_*, max_length_*, seq_idx) and ``deterministic`` (a kernel choice) are read by
+# flash-attention kernels only; with SDPA-style attention the mask built by the registered mask function carries
+# the packing, exactly as for stock "sdpa" and "eager". The others are bookkeeping (positions, cache, what to
+# return). Anything else is refused by name unless it is passed as None.
 NO_EFFECT_ARGUMENTS = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "output_attentions",
     "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch", "cu_seq_lens_q",

@@ -11,10 +11,11 @@ a minute on 2 cores. Transformers 5.24 has about 560 model types, most of them v
 building all takes about 25 minutes here, too slow for the suite. The subset (see ARCHITECTURES):
 - decoders: GPT-2 (learned positions, fused qkv), OPT, GPT-NeoX, GPT-J (partial rotary), Llama and Qwen2
   (rotary, grouped-query), Mistral (sliding window), Phi-3, Gemma 2 (logit soft-capping, sliding window),
-  gpt-oss (attention sinks, sliding window);
+  gpt-oss (attention sinks, sliding window), DeepSeek-V4 (sinks, compressed keys appended to the mask: a model
+  transformers does not run with SDPA, so it gets eager-style masks);
 - encoders with a padding mask: BERT, RoBERTa, DistilBERT, ELECTRA, ModernBERT (bidirectional sliding window);
 - vision: ViT, DeiT, DINOv2, BEiT (relative position bias), Swin (window attention with a bias);
-- encoder-decoders (cross-attention stays stock): T5 (position bias), BART.
+- encoder-decoders (cross-attention stays stock): T5 (position bias), BART, BigBird-Pegasus (no SDPA support).
 Models whose attention does not go through transformers' ``AttentionInterface`` (BLOOM, Falcon, MPT in 5.24)
 are refused by `apply_attention_spec` with a message that says so (tested below).
 """
@@ -50,6 +51,7 @@ ARCHITECTURES: dict[str, dict] = {
     "phi3": {},
     "gemma2": dict(sliding_window=4, attn_logit_softcapping=2.0, query_pre_attn_scalar=8),
     "gpt_oss": dict(sliding_window=4, num_local_experts=2, num_experts_per_tok=1),
+    "deepseek_v4": {},
     "bert": {},
     "roberta": {},
     "distilbert": {},
@@ -62,6 +64,7 @@ ARCHITECTURES: dict[str, dict] = {
     "swin": dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2),
     "t5": {},
     "bart": {},
+    "bigbird_pegasus": dict(attention_type="original_full"),
 }
 LENGTH = 8
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from study.attention import AttentionInputs, normalizer_class, tapping
-from study.attention.hf import IMPLEMENTATION
+from study.attention.hf import implementation_for
 from study.attention.normalizers import top_k_allowed
 from study.attention.spec import STOCK, AttentionSpec
 
@@ -188,7 +188,7 @@ def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = F
     model.eval()
     recorder = _Recorder()
     try:
-        with _implementation(model, IMPLEMENTATION), tapping(recorder):
+        with _implementation(model, implementation_for(model)), tapping(recorder):
             # The base model (no LM head): the attention inputs and hidden states are the same, and GPT-2's
             # 50257 x 768 head is about a sixth of the forward pass at L = 1024.
             runner = getattr(model, "base_model", None) or model

@@ -25,13 +25,18 @@ from functools import cache
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from study.attention.core import attend
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
 
 IMPLEMENTATION = "study"
+"""The implementation name for models transformers runs with SDPA: SDPA-style masks (bool, or None for plain
+causality, which keeps the fused kernel's fastest case)."""
+EAGER_MASK_IMPLEMENTATION = "study_eager_mask"
+"""The same attention with eager-style masks (always a float tensor), for models that transformers does not run
+with SDPA: some extend or read the mask tensor themselves (DeepSeek-V4 appends its compressed keys' bias)."""
 
 # Arguments transformers' attention modules and model forwards pass that do not change the result of this
 # implementation (found by reading the attention calls of transformers 5.24's modeling files). The packing
@@ -74,6 +79,11 @@ def _attention_forward(
             f"{type(module).__name__} passed {unknown} to its attention function; study.attention does not "
             "implement them, and dropping them would change the result"
         )
+    # As in transformers' own eager and SDPA attention, a mask, when given, is the whole truth: it already holds
+    # causality and any sliding window, and may cover keys beyond the sequence (DeepSeek-V4 appends compressed
+    # entries), so causality and the window argument are applied only when there is no mask.
+    if attention_mask is not None:
+        is_causal, sliding_window = False, None
     output = attend(
         query,
         key,
@@ -94,9 +104,16 @@ def _attention_forward(
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention_forward)
+AttentionInterface.register(EAGER_MASK_IMPLEMENTATION, _attention_forward)
 # The mask function matters: without one the model silently stops being causal. `sdpa_mask` gives a bool mask
 # (True = attend) or None when plain causality suffices, which `attend` then applies itself.
 AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+AttentionMaskInterface.register(EAGER_MASK_IMPLEMENTATION, eager_mask)
+
+
+def implementation_for(model: nn.Module) -> str:
+    """`IMPLEMENTATION` for models that support SDPA, else `EAGER_MASK_IMPLEMENTATION` (their masks as eager's)."""
+    return IMPLEMENTATION if getattr(model, "_supports_sdpa", False) else EAGER_MASK_IMPLEMENTATION
 
 
 @cache
@@ -177,8 +194,8 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
         if param is not None:
             normalizer = normalizer.to(device=param.device)
         module.study_normalizer = normalizer
-    if config is not None and config._attn_implementation != IMPLEMENTATION:
-        model.set_attn_implementation(IMPLEMENTATION)
+    if config is not None and config._attn_implementation != implementation_for(model):
+        model.set_attn_implementation(implementation_for(model))
     return model
 
 
@@ -199,10 +216,12 @@ def stock_copy(model: nn.Module, implementation: str = "eager") -> nn.Module:
 
 
 __all__ = [
+    "EAGER_MASK_IMPLEMENTATION",
     "IMPLEMENTATION",
     "NO_EFFECT_ARGUMENTS",
     "apply_attention_spec",
     "attention_modules",
     "current_spec",
+    "implementation_for",
     "stock_copy",
 ]

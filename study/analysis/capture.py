@@ -25,7 +25,7 @@ from torch import nn
 
 from study.attention import AttentionInputs, normalizer_class, tapping
 from study.attention.hf import implementation_for
-from study.attention.normalizers import top_k_allowed
+from study.attention.normalizers import masked_softmax, top_k_allowed
 from study.attention.spec import STOCK, AttentionSpec
 
 
@@ -134,8 +134,7 @@ class AttentionCapture:
         n = scores.shape[-1]
         allowed = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
         if spec.is_stock_softmax:
-            z = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            return torch.softmax(z, dim=-1).masked_fill(~allowed, 0.0)
+            return masked_softmax(scores, allowed)
         norm = self.normalizer(layer)
         param = next(iter(norm.parameters()), next(iter(norm.buffers()), None))
         if param is not None and (param.dtype != scores.dtype or param.device != scores.device):

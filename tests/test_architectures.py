@@ -207,7 +207,7 @@ def test_model_without_attention_interface_is_refused_clearly():
 @pytest.mark.parametrize("model_type", ["bart", "t5"])
 def test_cross_attention_stays_stock_and_unobserved(model_type):
     """The documented choice: self-attention (encoder, then decoder) is numbered and switched; cross-attention
-    runs transformers' own SDPA and taps never see it (see `study.attention.hf`)."""
+    runs stock softmax at T = 1 and taps never see it (see `study.attention.hf`)."""
     model = apply_attention_spec(tiny_model(model_type), AttentionSpec(temperature=0.5))
     names = {id(m): n for n, m in model.named_modules()}
     switched = [names[id(m)] for m in attention_modules(model)]

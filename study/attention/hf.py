@@ -13,20 +13,22 @@ need a ``layer_idx`` (ViT has none; an encoder-decoder has two layers 0).
 Cross-attention (the decoder reading the encoder in T5, BART, Whisper; ``crossattention`` in GPT-2 with
 ``add_cross_attention``) is left stock: it is not the self-attention row normalisation the spec studies, its
 keys are another sequence, and a temperature there would change what the decoder can read of its input. Those
-modules run transformers' own SDPA attention untouched, are not numbered and are not seen by monitors.
+modules run stock softmax at T = 1 (with the model's own logit transforms), are not numbered and are hidden from
+the taps, so monitors never see them.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import nullcontext
 from functools import cache
 
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from study.attention import tap
 from study.attention.core import attend
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
@@ -67,11 +69,7 @@ def _attention_forward(
     **kwargs,
 ) -> tuple[Tensor, None]:
     """The function transformers calls; q, k, v are (B, H, L, D), the output goes back as (B, L, H, D)."""
-    if getattr(module, "study_cross_attention", False):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-            softcap=softcap, position_bias=position_bias, **kwargs,
-        )
+    cross = getattr(module, "study_cross_attention", False)
     # An argument passed as None is absent (BERT's self-attention forwards encoder_hidden_states=None).
     unknown = sorted(name for name, value in kwargs.items() if value is not None and name not in NO_EFFECT_ARGUMENTS)
     if unknown:
@@ -84,22 +82,24 @@ def _attention_forward(
     # entries), so causality and the window argument are applied only when there is no mask.
     if attention_mask is not None:
         is_causal, sliding_window = False, None
-    output = attend(
-        query,
-        key,
-        value,
-        getattr(module, "study_spec", STOCK),
-        mask=attention_mask,
-        causal=is_causal if is_causal is not None else getattr(module, "is_causal", True),
-        scaling=scaling,
-        dropout=dropout,
-        normalizer=getattr(module, "study_normalizer", None),
-        layer=getattr(module, "study_layer", None),
-        softcap=softcap,
-        logit_bias=position_bias,
-        sinks=s_aux,
-        sliding_window=sliding_window,
-    )
+    # Cross-attention runs stock softmax at T = 1, hidden from the taps (see the module docstring).
+    with tap.suspended() if cross else nullcontext():
+        output = attend(
+            query,
+            key,
+            value,
+            STOCK if cross else getattr(module, "study_spec", STOCK),
+            mask=attention_mask,
+            causal=is_causal if is_causal is not None else getattr(module, "is_causal", True),
+            scaling=scaling,
+            dropout=dropout,
+            normalizer=getattr(module, "study_normalizer", None),
+            layer=getattr(module, "study_layer", None),
+            softcap=softcap,
+            logit_bias=position_bias,
+            sinks=s_aux,
+            sliding_window=sliding_window,
+        )
     return output.transpose(1, 2).contiguous(), None
 
 

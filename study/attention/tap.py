@@ -83,6 +83,16 @@ def tapping(*taps: AttentionTap) -> Iterator[None]:
             _state.taps.remove(tap)
 
 
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Hide the open taps for the duration of the block (attention that monitors must not see: cross-attention)."""
+    saved, _state.taps = _state.taps, []
+    try:
+        yield
+    finally:
+        _state.taps = saved
+
+
 def active_taps() -> tuple[AttentionTap, ...]:
     return tuple(_state.taps)
 

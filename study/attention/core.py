@@ -52,13 +52,12 @@ def window_allowed(q_len: int, kv_len: int, window: int, causal: bool, device: t
 
 
 def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """(bool mask, finite additive bias or None). A float mask's entries below half the dtype's minimum are
-    masked; its other entries are a bias added to the logits (zero for a plain 0 / min mask)."""
+    """(bool mask, additive bias or None). A float mask's entries below half the dtype's minimum are masked; its
+    other entries are a bias added to the logits (zero for a plain 0 / min mask, ALiBi's slopes otherwise)."""
     if mask is None or mask.dtype == torch.bool:
         return mask, None
     keep = mask > torch.finfo(mask.dtype).min / 2
-    bias = mask.masked_fill(~keep, 0.0)
-    return keep, (bias if bool(bias.any()) else None)
+    return keep, mask.masked_fill(~keep, 0.0)  # no test for an all-zero bias: it would sync with the device
 
 
 def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool, window: int | None):

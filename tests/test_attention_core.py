@@ -233,3 +233,18 @@ def test_sinks_with_another_normaliser_are_refused_by_name():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match=r"sinks \(s_aux\).*'sparsemax'"):
         attend(q, q, q, AttentionSpec(normalizer="sparsemax"), sinks=torch.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(softcap=0.0), "softcap must be > 0, got 0.0"),
+        (dict(sliding_window=0), "sliding_window must be an integer >= 1, got 0"),
+        (dict(sliding_window=2.5), "sliding_window must be an integer >= 1, got 2.5"),
+        (dict(sinks=torch.zeros(3)), r"shape \(2,\), got \(3,\)"),
+    ],
+)
+def test_bad_transform_arguments_fail_naming_the_value(kwargs, named):
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=named):
+        attend(q, q, q, AttentionSpec(), **kwargs)

@@ -49,7 +49,7 @@ with SDPA: some extend or read the mask tensor themselves (DeepSeek-V4 appends i
 NO_EFFECT_ARGUMENTS = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "output_attentions",
     "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch", "cu_seq_lens_q",
-    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "token_type_ids", "layer_idx", "deterministic",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "deterministic",
 })
 
 

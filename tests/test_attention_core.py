@@ -181,3 +181,70 @@ def test_core_imports_without_transformers_and_loads_it_on_demand():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def _reference(q, k, v, temperature, *, softcap=None, bias=None, sinks=None, top_k=None, window=None):
+    """Brute force, one row at a time, in float64: the documented order (model's logit first, then 1/T)."""
+    B, H, L, _ = q.shape
+    out = torch.zeros(B, H, L, v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(L):
+                keys = [j for j in range(i + 1) if window is None or i - j < window]
+                logit = torch.stack([(q[b, h, i] @ k[b, h, j]).double() * q.shape[-1] ** -0.5 for j in keys])
+                if softcap is not None:
+                    logit = softcap * torch.tanh(logit / softcap)
+                if bias is not None:
+                    logit = logit + bias[0, h, i, keys].double()
+                z = logit / temperature
+                if top_k is not None and top_k < len(keys):
+                    keep = sorted(range(len(keys)), key=lambda n: (-z[n].item(), n))[:top_k]
+                    keys, z = [keys[n] for n in sorted(keep)], z[sorted(keep)]
+                if sinks is not None:
+                    z = torch.cat([z, sinks[h : h + 1].double() / temperature])
+                w = z.softmax(-1)[: len(keys)]
+                out[b, h, i] = w @ v[b, h, keys].double()
+    return out
+
+
+@pytest.mark.parametrize("top_k", [None, 2])
+@pytest.mark.parametrize("tapped", [False, True], ids=["fast", "explicit"])
+def test_model_logit_transforms_then_temperature_against_brute_force(top_k, tapped):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8) * 2 for _ in range(3))
+    bias, sinks = torch.randn(1, 3, 6, 6), torch.randn(3)
+    spec = AttentionSpec(temperature=0.7, top_k=top_k)
+    kwargs = dict(softcap=None if top_k is None and not tapped else 1.5, logit_bias=bias, sinks=sinks, sliding_window=4)
+
+    class Null:
+        def observe(self, *args):
+            pass
+
+    if tapped:
+        with tapping(Null()):
+            got = attend(q, k, v, spec, **kwargs)
+    else:
+        got = attend(q, k, v, spec, **kwargs)
+    want = _reference(q, k, v, 0.7, softcap=kwargs["softcap"], bias=bias, sinks=sinks, top_k=top_k, window=4)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+
+
+def test_sinks_with_another_normaliser_are_refused_by_name():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"sinks \(s_aux\).*'sparsemax'"):
+        attend(q, q, q, AttentionSpec(normalizer="sparsemax"), sinks=torch.zeros(2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(softcap=0.0), "softcap must be > 0, got 0.0"),
+        (dict(sliding_window=0), "sliding_window must be an integer >= 1, got 0"),
+        (dict(sliding_window=2.5), "sliding_window must be an integer >= 1, got 2.5"),
+        (dict(sinks=torch.zeros(3)), r"shape \(2,\), got \(3,\)"),
+    ],
+)
+def test_bad_transform_arguments_fail_naming_the_value(kwargs, named):
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=named):
+        attend(q, q, q, AttentionSpec(), **kwargs)

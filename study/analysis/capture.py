@@ -1,17 +1,18 @@
 """Capture per-layer attention inputs (q, k, v) from any transformers causal LM.
 
-The model runs once with a private attention implementation registered through
-`transformers.AttentionInterface`. The function records the query/key/value tensors it receives (so
-for Llama-style models q and k are already rotated by RoPE) and then delegates to the attention the
-layer really runs: the stock SDPA forward, or, for a layer switched by `study.attention.apply_attention_spec`,
-the project's `attend` under the layer's spec (normaliser, temperature, top-k). The model's outputs are
-therefore unchanged. Logits l = q.k * scaling are formed lazily, one layer at a time, so an L x L matrix
-per head exists for one layer only.
+The model runs once under this project's attention implementation with an attention tap open (the same
+mechanism the monitors use, `study.attention.tapping`): each layer's call hands the tap the query/key/value
+tensors it received (so for Llama-style models q and k are already rotated by RoPE), with keys and values
+already shared out to the query heads, and computes the attention the layer really runs (its spec's
+normaliser, temperature and top-k; stock softmax for layers without a spec). The model's outputs are
+therefore its own. Logits l = q.k * scaling are formed lazily, one layer at a time, so an L x L matrix per head
+exists for one layer only.
 
 Weights: `AttentionCapture.weights` applies each layer's own normaliser (its `study_normalizer` module, with
 the spec's temperature and top-k selection) to the captured logits, computed exactly as `attend` computes
-them, so the analysed weights are the weights the model uses (sparse maps give exact zeros). Layers without
-a spec are stock softmax at T = 1.
+them, so the analysed weights are the weights the model uses (sparse maps give exact zeros). Models whose
+attention applies its own logit transforms (soft-capping, position biases, sinks, sliding windows) are refused:
+the analyses recompute weights from q and k alone.
 """
 
 from __future__ import annotations
@@ -21,53 +22,28 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from study.attention import hf as _study_hf
-from study.attention.normalizers import NORMALIZERS, top_k_allowed
+from study.attention import AttentionInputs, normalizer_class, tapping
+from study.attention.hf import implementation_for
+from study.attention.normalizers import masked_softmax, top_k_allowed
 from study.attention.spec import STOCK, AttentionSpec
 
-CAPTURE_IMPLEMENTATION = "study_analysis_capture"
 
-# The recorder the attention function writes to while a capture is running (None otherwise).
-_ACTIVE: dict | None = None
+class _Recorder:
+    """An attention tap that keeps each layer's inputs (and nothing of the weights)."""
 
+    def __init__(self) -> None:
+        self.inputs: dict[int, AttentionInputs] = {}
 
-def _capture_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Record q/k/v for `module.layer_idx`, then run the stock SDPA attention."""
-    if _ACTIVE is not None:
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            layer = len(_ACTIVE)
-        # GQA: key/value heads are shared by groups of query heads; expand so every query head has its own.
-        n_rep = query.shape[1] // key.shape[1]
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
-        _ACTIVE[int(layer)] = (
-            query.detach(),
-            repeat_kv(key.detach(), n_rep),
-            repeat_kv(value.detach(), n_rep),
-            float(scaling),
-            getattr(module, "study_spec", None),
-            getattr(module, "study_normalizer", None),
-        )
-    if hasattr(module, "study_spec"):
-        # The layer runs under an AttentionSpec: delegate to the project's attention so the forward pass (and
-        # therefore every later layer's q, k, v) is the model's own.
-        return _study_hf._attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    return sdpa_attention_forward(
-        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-    )
+    def observe_inputs(self, layer: int, inputs: AttentionInputs) -> None:
+        unsupported = [t for t in inputs.transforms if t != "mask"]
+        if unsupported:
+            raise ValueError(f"layer {layer} applies {unsupported} to its logits; the analyses recompute weights "
+                             "from q.k * scaling alone and cannot follow them")
+        self.inputs[int(layer)] = inputs
 
-
-# Both registrations are needed: without a mask function of the same name the model silently stops
-# being causal. `sdpa_mask` may return None (causal skip), which SDPA then honours with is_causal.
-AttentionInterface.register(CAPTURE_IMPLEMENTATION, _capture_attention)
-AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, sdpa_mask)
+    def observe(self, layer, weights, allowed, spec) -> None:
+        pass
 
 
 def context_length(model) -> int | None:
@@ -110,7 +86,7 @@ class AttentionCapture:
         """The layer's normaliser module (built from its spec when the model carries none)."""
         norm = self.normalizers[layer] if layer < len(self.normalizers) else None
         if norm is None:
-            norm = NORMALIZERS[self.spec(layer).normalizer].from_spec(self.spec(layer), num_heads=self.n_heads)
+            norm = normalizer_class(self.spec(layer).normalizer).from_spec(self.spec(layer), num_heads=self.n_heads)
         return norm
 
     def is_softmax(self, layer: int) -> bool:
@@ -158,8 +134,7 @@ class AttentionCapture:
         n = scores.shape[-1]
         allowed = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
         if spec.is_stock_softmax:
-            z = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            return torch.softmax(z, dim=-1).masked_fill(~allowed, 0.0)
+            return masked_softmax(scores, allowed)
         norm = self.normalizer(layer)
         param = next(iter(norm.parameters()), next(iter(norm.buffers()), None))
         if param is not None and (param.dtype != scores.dtype or param.device != scores.device):
@@ -197,10 +172,10 @@ def _implementation(model, name: str):
 def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = False) -> AttentionCapture:
     """Run `model` on `input_ids` (B, L) and capture every layer's q, k, v (and optionally hidden states).
 
-    The model's own outputs are unchanged (the capture delegates to SDPA). Works for any causal LM whose
-    attention goes through `transformers.AttentionInterface` (GPT-2, Llama, Mistral, Qwen, ...).
+    The model computes its own attention (each layer's spec, or stock softmax) on the explicit path that taps open;
+    its implementation is restored afterwards. Works for any causal LM whose attention goes through
+    `transformers.AttentionInterface` (GPT-2, Llama, Mistral, Qwen, ...) and applies no logit transform of its own.
     """
-    global _ACTIVE
     if input_ids.ndim == 1:
         input_ids = input_ids[None]
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
@@ -208,34 +183,29 @@ def capture_attention(model, input_ids: torch.Tensor, *, hidden_states: bool = F
     limit = context_length(model)
     if limit is not None and input_ids.shape[1] > limit:
         raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's context {limit}")
-    if _ACTIVE is not None:
-        raise RuntimeError("capture_attention is not re-entrant")
     was_training = model.training
     model.eval()
-    _ACTIVE = {}
+    recorder = _Recorder()
     try:
-        with _implementation(model, CAPTURE_IMPLEMENTATION):
+        with _implementation(model, implementation_for(model)), tapping(recorder):
             # The base model (no LM head): the attention inputs and hidden states are the same, and GPT-2's
             # 50257 x 768 head is about a sixth of the forward pass at L = 1024.
             runner = getattr(model, "base_model", None) or model
             out = runner(input_ids=input_ids, output_hidden_states=hidden_states, use_cache=False)
-        recorded = _ACTIVE
     finally:
-        _ACTIVE = None
         model.train(was_training)
+    recorded = recorder.inputs
     if not recorded:
         raise RuntimeError("no attention call was captured: does this model use transformers.AttentionInterface?")
-    layers = sorted(recorded)
-    hs = None
-    if hidden_states:
-        hs = [h.detach() for h in out.hidden_states]
+    layers = [recorded[i] for i in sorted(recorded)]
     return AttentionCapture(
-        queries=[recorded[i][0] for i in layers],
-        keys=[recorded[i][1] for i in layers],
-        values=[recorded[i][2] for i in layers],
-        scalings=[recorded[i][3] for i in layers],
-        hidden_states=hs,
+        queries=[r.query for r in layers],
+        keys=[r.key for r in layers],
+        values=[r.value for r in layers],
+        scalings=[r.scaling for r in layers],
+        hidden_states=[h.detach() for h in out.hidden_states] if hidden_states else None,
         meta={"model": type(model).__name__, "model_type": getattr(model.config, "model_type", None)},
-        specs=[recorded[i][4] for i in layers],
-        normalizers=[recorded[i][5] for i in layers],
+        # Stock layers (no spec) are reported as None, as before: `AttentionCapture.spec` reads them as STOCK.
+        specs=[r.spec if r.spec is not STOCK else None for r in layers],
+        normalizers=[r.normalizer for r in layers],
     )

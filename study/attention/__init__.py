@@ -18,7 +18,7 @@ from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
 from study.attention.registry import normalizer_class, register_normalizer
 from study.attention.select import top_k_indices
 from study.attention.spec import STOCK, AttentionSpec
-from study.attention.tap import AttentionTap, active_taps, tapping
+from study.attention.tap import AttentionInputs, AttentionTap, active_taps, tapping
 
 _HF_NAMES = ("IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec")
 
@@ -36,6 +36,7 @@ __all__ = [
     "IMPLEMENTATION",
     "NORMALIZERS",
     "STOCK",
+    "AttentionInputs",
     "AttentionSpec",
     "AttentionTap",
     "Normalizer",

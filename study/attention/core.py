@@ -12,7 +12,9 @@ then top-k selection on z among the visible keys, the spec's normaliser, and, wi
 head (gpt-oss's attention sink, also divided by T) that takes part in the softmax's denominator and is dropped.
 Visible keys: the mask, causality (query i, aligned to the end of the keys, sees keys up to itself) and the
 sliding window (keys less than ``sliding_window`` positions away: before the query when causal, on either side
-when not). At T = 1 with stock softmax every model gets exactly its own attention.
+when not). At T = 1 with stock softmax every model gets exactly its own attention. (For transformers models
+`study.attention.hf` passes causality and the window only when the model gives no mask, as transformers' own
+attention functions do: a mask, when given, already holds both.)
 
 Two paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
@@ -52,13 +54,12 @@ def window_allowed(q_len: int, kv_len: int, window: int, causal: bool, device: t
 
 
 def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """(bool mask, finite additive bias or None). A float mask's entries below half the dtype's minimum are
-    masked; its other entries are a bias added to the logits (zero for a plain 0 / min mask)."""
+    """(bool mask, additive bias or None). A float mask's entries below half the dtype's minimum are masked; its
+    other entries are a bias added to the logits (zero for a plain 0 / min mask, ALiBi's slopes otherwise)."""
     if mask is None or mask.dtype == torch.bool:
         return mask, None
     keep = mask > torch.finfo(mask.dtype).min / 2
-    bias = mask.masked_fill(~keep, 0.0)
-    return keep, (bias if bool(bias.any()) else None)
+    return keep, mask.masked_fill(~keep, 0.0)  # no test for an all-zero bias: it would sync with the device
 
 
 def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool, window: int | None):
@@ -73,6 +74,21 @@ def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool,
         band = window_allowed(q_len, kv_len, window, causal, device)
         visible = band if visible is None else visible & band
     return visible, plain_causal
+
+
+def _check_transforms(query: Tensor, spec: AttentionSpec, softcap, sinks, sliding_window) -> None:
+    """One-line errors naming a bad logit-transform argument, before any work."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap!r}")
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 1):
+        raise ValueError(f"sliding_window must be an integer >= 1, got {sliding_window!r}")
+    if sinks is not None:
+        if spec.normalizer != "softmax":
+            raise ValueError(f"attention sinks (s_aux) are defined for softmax only, not normalizer {spec.normalizer!r}")
+        if tuple(sinks.shape) != (query.shape[1],):
+            raise ValueError(f"sinks (s_aux) must have one logit per query head, shape ({query.shape[1]},), "
+                             f"got {tuple(sinks.shape)}")
 
 
 def attend(
@@ -115,8 +131,7 @@ def attend(
 
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
-    if sinks is not None and spec.normalizer != "softmax":
-        raise ValueError(f"attention sinks (s_aux) are defined for softmax only, not normalizer {spec.normalizer!r}")
+    _check_transforms(query, spec, softcap, sinks, sliding_window)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     q_len, kv_len = query.shape[-2], key.shape[-2]
@@ -153,7 +168,10 @@ def attend(
         weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
     if tap.active_taps():
-        tap.notify(layer, weights, allowed, spec)
+        applied = {"softcap": softcap, "bias": bias, "sinks": sinks, "sliding_window": sliding_window, "mask": mask}
+        inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec, normalizer,
+                                     tuple(name for name, given in applied.items() if given is not None))
+        tap.notify(layer, weights, allowed, spec, inputs)
     if dropout > 0.0:
         weights = F.dropout(weights, p=dropout, training=True)
     return torch.matmul(weights.to(value.dtype), value)

@@ -13,34 +13,43 @@ need a ``layer_idx`` (ViT has none; an encoder-decoder has two layers 0).
 Cross-attention (the decoder reading the encoder in T5, BART, Whisper; ``crossattention`` in GPT-2 with
 ``add_cross_attention``) is left stock: it is not the self-attention row normalisation the spec studies, its
 keys are another sequence, and a temperature there would change what the decoder can read of its input. Those
-modules run transformers' own SDPA attention untouched, are not numbered and are not seen by monitors.
+modules run stock softmax at T = 1 (with the model's own logit transforms), are not numbered and are hidden from
+the taps, so monitors never see them.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+from contextlib import nullcontext
 from functools import cache
 
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from study.attention import tap
 from study.attention.core import attend
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
 
 IMPLEMENTATION = "study"
+"""The implementation name for models transformers runs with SDPA: SDPA-style masks (bool, or None for plain
+causality, which keeps the fused kernel's fastest case)."""
+EAGER_MASK_IMPLEMENTATION = "study_eager_mask"
+"""The same attention with eager-style masks (always a float tensor), for models that transformers does not run
+with SDPA: some extend or read the mask tensor themselves (DeepSeek-V4 appends its compressed keys' bias)."""
 
 # Arguments transformers' attention modules and model forwards pass that do not change the result of this
-# implementation. The packing arguments (cu_seq_lens_*, max_length_*, seq_idx) are read by flash-attention
-# kernels only; with SDPA-style attention the mask built by the registered mask function carries the packing,
-# exactly as for stock "sdpa" and "eager". The others are bookkeeping (positions, cache, what to return).
+# implementation (found by reading the attention calls of transformers 5.24's modeling files). The packing
+# arguments (cu_seq_lens_*, max_length_*, seq_idx) and ``deterministic`` (a kernel choice) are read by
+# flash-attention kernels only; with SDPA-style attention the mask built by the registered mask function carries
+# the packing, exactly as for stock "sdpa" and "eager". The others are bookkeeping (positions, cache, what to
+# return). Anything else is refused by name unless it is passed as None.
 NO_EFFECT_ARGUMENTS = frozenset({
     "position_ids", "cache_position", "past_key_values", "past_key_value", "use_cache", "output_attentions",
     "output_hidden_states", "output_router_logits", "return_dict", "num_items_in_batch", "cu_seq_lens_q",
-    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "token_type_ids", "layer_idx", "deterministic",
+    "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "deterministic",
 })
 
 
@@ -60,11 +69,7 @@ def _attention_forward(
     **kwargs,
 ) -> tuple[Tensor, None]:
     """The function transformers calls; q, k, v are (B, H, L, D), the output goes back as (B, L, H, D)."""
-    if getattr(module, "study_cross_attention", False):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-            softcap=softcap, position_bias=position_bias, **kwargs,
-        )
+    cross = getattr(module, "study_cross_attention", False)
     # An argument passed as None is absent (BERT's self-attention forwards encoder_hidden_states=None).
     unknown = sorted(name for name, value in kwargs.items() if value is not None and name not in NO_EFFECT_ARGUMENTS)
     if unknown:
@@ -72,29 +77,43 @@ def _attention_forward(
             f"{type(module).__name__} passed {unknown} to its attention function; study.attention does not "
             "implement them, and dropping them would change the result"
         )
-    output = attend(
-        query,
-        key,
-        value,
-        getattr(module, "study_spec", STOCK),
-        mask=attention_mask,
-        causal=is_causal if is_causal is not None else getattr(module, "is_causal", True),
-        scaling=scaling,
-        dropout=dropout,
-        normalizer=getattr(module, "study_normalizer", None),
-        layer=getattr(module, "study_layer", None),
-        softcap=softcap,
-        logit_bias=position_bias,
-        sinks=s_aux,
-        sliding_window=sliding_window,
-    )
+    # As in transformers' own eager and SDPA attention, a mask, when given, is the whole truth: it already holds
+    # causality and any sliding window, and may cover keys beyond the sequence (DeepSeek-V4 appends compressed
+    # entries), so causality and the window argument are applied only when there is no mask.
+    if attention_mask is not None:
+        is_causal, sliding_window = False, None
+    # Cross-attention runs stock softmax at T = 1, hidden from the taps (see the module docstring).
+    with tap.suspended() if cross else nullcontext():
+        output = attend(
+            query,
+            key,
+            value,
+            STOCK if cross else getattr(module, "study_spec", STOCK),
+            mask=attention_mask,
+            causal=is_causal if is_causal is not None else getattr(module, "is_causal", True),
+            scaling=scaling,
+            dropout=dropout,
+            normalizer=getattr(module, "study_normalizer", None),
+            layer=getattr(module, "study_layer", None),
+            softcap=softcap,
+            logit_bias=position_bias,
+            sinks=s_aux,
+            sliding_window=sliding_window,
+        )
     return output.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention_forward)
+AttentionInterface.register(EAGER_MASK_IMPLEMENTATION, _attention_forward)
 # The mask function matters: without one the model silently stops being causal. `sdpa_mask` gives a bool mask
 # (True = attend) or None when plain causality suffices, which `attend` then applies itself.
 AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+AttentionMaskInterface.register(EAGER_MASK_IMPLEMENTATION, eager_mask)
+
+
+def implementation_for(model: nn.Module) -> str:
+    """`IMPLEMENTATION` for models that support SDPA, else `EAGER_MASK_IMPLEMENTATION` (their masks as eager's)."""
+    return IMPLEMENTATION if getattr(model, "_supports_sdpa", False) else EAGER_MASK_IMPLEMENTATION
 
 
 @cache
@@ -175,8 +194,8 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
         if param is not None:
             normalizer = normalizer.to(device=param.device)
         module.study_normalizer = normalizer
-    if config is not None and config._attn_implementation != IMPLEMENTATION:
-        model.set_attn_implementation(IMPLEMENTATION)
+    if config is not None and config._attn_implementation != implementation_for(model):
+        model.set_attn_implementation(implementation_for(model))
     return model
 
 
@@ -197,10 +216,12 @@ def stock_copy(model: nn.Module, implementation: str = "eager") -> nn.Module:
 
 
 __all__ = [
+    "EAGER_MASK_IMPLEMENTATION",
     "IMPLEMENTATION",
     "NO_EFFECT_ARGUMENTS",
     "apply_attention_spec",
     "attention_modules",
     "current_spec",
+    "implementation_for",
     "stock_copy",
 ]

@@ -1,18 +1,8 @@
-"""Row normalisers: fp32 scores over allowed keys -> attention weights.
+"""The built-in row normalisers: fp32 scores over allowed keys -> attention weights.
 
 Every normaliser is an `nn.Module` so that learnable parameters (SSMax's s, entmax's alpha) live in the model's
-state dict. The contract:
-
-    weights = normalizer(scores, allowed, visible=None)
-
-- ``scores``: fp32, shaped (B, H, Lq, Lk), already multiplied by ``scaling / T``.
-- ``allowed``: bool, broadcastable to ``scores``; True where the query may attend (causal, padding and top-k
-  selection folded in). A row may have no allowed key at all (a padded query): its weights must be all zero,
-  never NaN.
-- ``visible``: bool, broadcastable to ``scores``: the causal/padding mask before top-k selection, i.e. the keys
-  the query could see (`attend` passes it; None means ``allowed``). Only normalisers that depend on the context
-  length (SSMax) read it.
-- ``weights``: same shape as ``scores``, zero wherever ``allowed`` is False.
+state dict. The contract (``weights = normalizer(scores, allowed, visible=None)``) is documented on the base
+class, `study.attention.registry.Normalizer`, where your own normaliser registers too.
 
 Rows sum to 1 for every normaliser except Self-Adjust Softmax (``sums_to_one = False``); monitors that treat a
 row as a distribution (entropy, KL to uniform, top-k mass) must check that flag.

@@ -6,6 +6,10 @@ every attention call made through this project (`study.attention.attend`, or any
 so the tap can reduce them to per-head numbers at once. Nothing holds all layers' L x L maps at the same time.
 When no tap is open, attention runs its fast path untouched: a step that does not log costs nothing extra.
 
+A tap that also defines ``observe_inputs(layer, inputs)`` receives the call's `AttentionInputs` (queries, keys,
+values, scaling, spec, normaliser): the paper's analyses (`study.analysis.capture_attention`) record those to
+recompute logits at other temperatures. Monitors need only ``observe``.
+
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 """
 
@@ -14,11 +18,31 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from study.attention.spec import AttentionSpec
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What one attention call computed its weights from (all detached).
+
+    query: (B, H, Lq, D). key, value: (B, H, Lk, D), already shared out to the query heads (grouped-query
+    attention). scaling: the model's scale of q.k. normalizer: the layer's normaliser module.
+    transforms: the model's own logit transforms besides the scale that this call applied ("softcap", "bias",
+    "sinks", "sliding_window", "mask"): a consumer that recomputes weights from q and k alone must refuse them.
+    """
+
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    scaling: float
+    spec: AttentionSpec
+    normalizer: nn.Module
+    transforms: tuple[str, ...] = ()
 
 
 class AttentionTap(Protocol):
@@ -59,14 +83,28 @@ def tapping(*taps: AttentionTap) -> Iterator[None]:
             _state.taps.remove(tap)
 
 
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Hide the open taps for the duration of the block (attention that monitors must not see: cross-attention)."""
+    saved, _state.taps = _state.taps, []
+    try:
+        yield
+    finally:
+        _state.taps = saved
+
+
 def active_taps() -> tuple[AttentionTap, ...]:
     return tuple(_state.taps)
 
 
-def notify(layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
+def notify(
+    layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None
+) -> None:
     if layer is None:
         layer = _state.unnamed_calls
         _state.unnamed_calls += 1
     weights = weights.detach()
     for tap in _state.taps:
+        if inputs is not None and hasattr(tap, "observe_inputs"):
+            tap.observe_inputs(layer, inputs)
         tap.observe(layer, weights, allowed, spec)

@@ -204,6 +204,8 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     except BaseException as err:  # Ctrl-C (Lightning turns it into SystemExit(1)), SIGTERM: record, then stop
         cause = err.__context__ if isinstance(err, SystemExit) and err.__context__ else err
         status.update(state="failed", reason=f"interrupted: {type(cause).__name__} {cause}".strip())
+        if isinstance(err, SystemExit) and not err.code:  # Lightning's SIGTERMException exits 0: it must not
+            raise SystemExit(128 + 15 if "SIGTERM" in type(err).__name__ else 1) from err
         raise
     finally:
         status.update(ended=_now(), duration_s=round(time.perf_counter() - start, 2))

@@ -357,11 +357,15 @@ class ResumableLoader(DataLoader):
         self.consumed = skip
         return iterator
 
-    def state_dict(self) -> dict[str, int]:
-        return {"batches": self.consumed}
+    def state_dict(self) -> dict[str, int | None]:
+        return {"batches": self.consumed, "epoch": getattr(self.sampler, "epoch", None)}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._skip = int(state.get("batches", 0))
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        self._skip = int(state.get("batches") or 0)
+        # Lightning creates the resumed epoch's iterator before it calls `set_epoch`: without this, the resumed
+        # epoch would be shuffled as epoch 0 (measured).
+        if state.get("epoch") is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(int(state["epoch"]))
 
 
 def _collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -11,12 +11,13 @@ from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import status, write_spec
 
-# 16 blocks of batch 4: 4 batches an epoch, so 9 steps cross two epoch boundaries; last.ckpt every 3 steps
+# 12 blocks of batch 4: 3 batches an epoch; last.ckpt every 2 steps, so the run resumes from step 4, inside
+# epoch 1 (the resumed epoch must be shuffled as epoch 1 and skip its first batch)
 RESUME = {
     "trainer.max_steps": 9,
     "trainer.val_check_interval": 3,  # validation inside the epochs
     "trainer.check_val_every_n_epoch": None,
-    "data.max_train_blocks": 16,
+    "data.max_train_blocks": 12,
 }
 KILL = {"class_path": "tests.faults.KillAtStep", "init_args": {"step": 5, "signal": "SIGINT"}}
 
@@ -25,7 +26,7 @@ def sweep_dir(tmp_path, name, callbacks):
     folder = tmp_path / name
     folder.mkdir()
     spec = write_spec(
-        folder, {"temperature": [0.5]}, RESUME, checkpoint={"every_n_train_steps": 3}, callbacks=callbacks
+        folder, {"temperature": [0.5]}, RESUME, checkpoint={"every_n_train_steps": 2}, callbacks=callbacks
     )
     return spec, folder / "logs" / "tiny" / "T0.5_kall_softmax_s0"
 
@@ -48,7 +49,7 @@ def test_a_run_interrupted_mid_epoch_resumes_exactly(tmp_path, monkeypatch):
     assert status(run)["state"] == "failed"
     assert main(["--config", str(spec), "--no-estimate"]) == 0
     st = status(run)
-    assert st["state"] == "finished" and st["resumed_from_step"] == 3 and st["global_step"] == 9
+    assert st["state"] == "finished" and st["resumed_from_step"] == 4 and st["global_step"] == 9
     ref, got = weights(reference), weights(run)
     assert ref.keys() == got.keys()
     for name in ref:

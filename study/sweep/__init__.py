@@ -277,8 +277,54 @@ def _pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -
         return read_status(plan.pretrain.dir) or {"state": "missing"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, rest = _parser().parse_known_args(argv)
+def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int) -> float | None:
+    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
+    probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
+    args = [a for a in probe_run.args if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)]
+    probe_run = Run(
+        probe_run.index, probe_run.name, probe_run.dir, probe_run.params, args, probe_run.resolved
+    )
+    try:
+        timing = probe(probe_run)
+    except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
+        print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
+        return None
+    estimate = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
+    print(
+        f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"
+        + (" + pretraining" if pretrain_todo else "")
+        + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
+        f" (probe on {probe_run.name}).",
+        flush=True,
+    )
+    return estimate
+
+
+def _finish(plan: Plan, args, start: float) -> int:
+    """The sweep's summary line and its report (unless other processes still hold runs); the exit code."""
+    states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
+    counts = {s: states.count(s) for s in sorted(set(states))}
+    print(
+        f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
+    )
+    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
+    if elsewhere:
+        print(
+            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
+            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
+            flush=True,
+        )
+        return 0
+    if plan.report and not args.no_report:
+        from study.report import build_report
+
+        path = build_report(plan.sweep_dir)
+        print(f"report: {path}", flush=True)
+    return 0 if all(s in FINAL_STATES for s in states) else 1
+
+
+def _checked_plan(args, rest: list[str]) -> Plan | int:
+    """The plan, with the spec, every run's `study fit` arguments and the options checked; else an exit code."""
     bad = [a for a in rest if not a.startswith(PASSTHROUGH_PREFIXES)]
     if bad:
         print(
@@ -299,16 +345,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
+    refused = _refused_args(plan, args.run_index)
+    if refused:
+        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
+        return 2
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
+    plan = _checked_plan(args, rest)
+    if isinstance(plan, int):
+        return plan
+    passthrough = list(rest)
     threads = args.threads or plan.threads
     if threads:
         import torch
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
-    refused = _refused_args(plan, args.run_index)
-    if refused:
-        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
-        return 2
     if args.run_index is not None:
         return _run_one(plan, args.run_index)
 
@@ -332,35 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; {args.parallel} at a time" if args.parallel > 1 else ""),
         flush=True,
     )
-    estimate = timing = None
+    estimate = None
     if (todo or pretrain_todo) and not args.no_estimate:
-        probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
-        probe_run = Run(
-            probe_run.index,
-            probe_run.name,
-            probe_run.dir,
-            probe_run.params,
-            [
-                a
-                for a in probe_run.args
-                if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)
-            ],
-            probe_run.resolved,
-        )
-        try:
-            timing = probe(probe_run)
-        except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
-            timing = None
-            print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
-    if timing is not None:
-        estimate = plan_estimate(plan, todo, pretrain_todo, timing, args.parallel)
-        print(
-            f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"
-            + (" + pretraining" if pretrain_todo else "")
-            + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
-            f" (probe on {probe_run.name}).",
-            flush=True,
-        )
+        estimate = _estimate(plan, todo, pretrain_todo, args.parallel)
     start = time.perf_counter()
     if plan.pretrain is not None:
         _wait_for_pretraining(plan)
@@ -386,25 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         _run_pool(plan, todo, args, passthrough, progress)
     else:
         _run_in_process(todo, progress)
-    states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
-    counts = {s: states.count(s) for s in sorted(set(states))}
-    print(
-        f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
-    )
-    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
-    if elsewhere:
-        print(
-            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
-            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
-            flush=True,
-        )
-        return 0
-    if plan.report and not args.no_report:
-        from study.report import build_report
-
-        path = build_report(plan.sweep_dir)
-        print(f"report: {path}", flush=True)
-    return 0 if all(s in FINAL_STATES for s in states) else 1
+    return _finish(plan, args, start)
 
 
 if __name__ == "__main__":

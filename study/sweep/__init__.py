@@ -16,7 +16,9 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips
-finished and diverged runs and resumes the others from their `checkpoints/last.ckpt`. Extra `--trainer.*`,
+finished and diverged runs and resumes the others from their last readable checkpoint (same batches, steps after
+the checkpoint purged from TensorBoard). Several processes may share one sweep: each run is trained by whoever
+holds its `run.lock` (`study.sweep.lock`); see docs/robustness.md. Extra `--trainer.*`,
 `--model.*`, `--data.*` arguments are passed to every run (they are part of its settings).
 
 Spec format: see `configs/sweeps/default.yaml` (every key commented) and `study.sweep.spec`.

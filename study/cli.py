@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             return importlib.import_module(VERBS[argv[0]]).main(argv[1:])
         for path in _config_files(argv):
             load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
+        _check_ckpt_path(argv)
         cli = lightning_main(argv)
     except Exception as err:
         if verbose:
@@ -167,6 +168,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_ckpt_path(argv: list[str]) -> None:
+    """A `--ckpt_path` file that does not load is named, with what to do, before anything is built."""
+    from study.sweep.runner import checkpoint_problem
+
+    paths = [a.split("=", 1)[1] for a in argv if a.startswith("--ckpt_path=")]
+    paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
+    for path in paths:
+        if Path(path).is_file() and (problem := checkpoint_problem(path)):
+            raise ValueError(
+                f"--ckpt_path {path} does not load ({problem}); it is damaged: remove it and resume from an earlier "
+                "checkpoint of the run (or start over)"
+            )
 
 
 def _config_files(argv: list[str]) -> list[str]:

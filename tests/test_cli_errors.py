@@ -90,3 +90,12 @@ def test_study_analyze_refuses_a_binary_text(tmp_path):
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(AnalyzeError, match="is not text"):
         read_text(str(binary), 100)
+
+
+def test_a_damaged_checkpoint_to_resume_from_is_named(text_files, tmp_path, capsys):
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(b"PK\x03\x04 cut short")
+    assert main([*fit_args(text_files, tmp_path), f"--ckpt_path={bad}"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith(f"study fit: --ckpt_path {bad} does not load (RuntimeError: PytorchStreamReader")
+    assert "remove it" in line and not (tmp_path / "logs").exists()

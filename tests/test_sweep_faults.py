@@ -62,3 +62,13 @@ def test_a_full_disk_is_recorded_and_the_rerun_resumes(tmp_path):
     st = status(run)
     assert st["state"] == "finished" and st["global_step"] == 6
     assert st["resumed_from_step"] == 2  # the last checkpoint written before the disk filled
+
+
+def test_sigterm_is_recorded(tmp_path):
+    spec = one_run_spec(
+        tmp_path, {"class_path": "tests.faults.KillAtStep", "init_args": {"step": 3, "signal": "SIGTERM"}}
+    )
+    first = sweep(spec, faults=True)
+    assert first.returncode != 0
+    st = status(tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0")
+    assert st["state"] == "failed" and st["reason"].startswith("interrupted: SIGTERM"), st

@@ -12,11 +12,13 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
 
     plan.json                    every run, its parameters, its `study fit` arguments and resolved settings
     pretrain/                    the pretraining run (if the sweep has one); pretrain/hf = save_pretrained model
-    T0.1_k4_softmax_s0/          one run: TensorBoard events, config.yaml, hparams, checkpoints/, status.json
+    T0.1_k4_softmax_s0/          one run: TensorBoard events, config.yaml, hparams, checkpoints/, status.json, run.lock
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips
-finished and diverged runs and resumes the others from their `checkpoints/last.ckpt`. Extra `--trainer.*`,
+finished and diverged runs and resumes the others from their last readable checkpoint (same batches, steps after
+the checkpoint purged from TensorBoard). Several processes may share one sweep: each run is trained by whoever
+holds its `run.lock` (`study.sweep.lock`); see docs/robustness.md. Extra `--trainer.*`,
 `--model.*`, `--data.*` arguments are passed to every run (they are part of its settings).
 
 Spec format: see `configs/sweeps/default.yaml` (every key commented) and `study.sweep.spec`.
@@ -31,19 +33,25 @@ import sys
 import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
-from study.sweep.lock import RunBusy, RunLock, busy
+from study.sweep.lock import busy
 from study.sweep.runner import (
     FINAL_STATES,
     Progress,
-    execute_run,
-    finish_subprocess,
     fmt_duration,
     is_rank_zero,
-    launch_subprocess,
     plan_estimate,
     probe,
     read_status,
-    run_command,
+)
+from study.sweep.schedule import (
+    done,
+    needs_subprocess,
+    pretrain,
+    pretrain_done,
+    run_in_process,
+    run_one,
+    run_pool,
+    wait_for_pretraining,
 )
 from study.sweep.spec import Plan, Run, SweepSpecError, build_plan
 
@@ -86,16 +94,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _done(run: Run) -> bool:
-    return (read_status(run.dir) or {}).get("state") in FINAL_STATES
-
-
-def _pretrain_done(plan: Plan) -> bool:
-    return plan.pretrain is None or (
-        _done(plan.pretrain) and (plan.pretrain.dir / "hf" / "config.json").is_file()
-    )
-
-
 def _check_stale(plan: Plan) -> None:
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     for run in runs:
@@ -115,7 +113,7 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     if run_index is not None:
         runs = [r for r in runs if str(r.index) == str(run_index)]
     for run in runs:
-        if _done(run):
+        if done(run):
             continue
         message = check_fit_args(run.args)
         if message:
@@ -123,163 +121,54 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     return None
 
 
-def _needs_subprocess(plan: Plan, passthrough: list[str]) -> bool:
-    """DDP inside the sweep process would relaunch the whole sweep per rank: run each such run as a subprocess."""
-    run = plan.runs[0]
-    trainer = run.resolved.get("trainer") or {}
-    devices, strategy = str(trainer.get("devices", "auto")), str(trainer.get("strategy", "auto"))
-    for arg in passthrough:
-        if arg.startswith("--trainer.devices="):
-            devices = arg.split("=", 1)[1]
-        if arg.startswith("--trainer.strategy="):
-            strategy = arg.split("=", 1)[1]
-    if "ddp" in strategy or devices.strip('"') not in ("1", "auto", "[0]"):
-        return True
-    if devices.strip('"') == "auto":
-        import torch
+def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int) -> float | None:
+    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
+    probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
+    args = [a for a in probe_run.args if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)]
+    probe_run = Run(
+        probe_run.index, probe_run.name, probe_run.dir, probe_run.params, args, probe_run.resolved
+    )
+    try:
+        timing = probe(probe_run)
+    except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
+        print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
+        return None
+    estimate = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
+    print(
+        f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"
+        + (" + pretraining" if pretrain_todo else "")
+        + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
+        f" (probe on {probe_run.name}).",
+        flush=True,
+    )
+    return estimate
 
-        return torch.cuda.device_count() > 1
-    return False
 
-
-def _gpu_groups(parallel: int, per_run: int) -> list[str | None]:
-    import torch
-
-    count = torch.cuda.device_count()
-    if count == 0:
-        return [None] * parallel
-    groups = [",".join(str(g * per_run + i) for i in range(per_run)) for g in range(count // per_run)]
-    if len(groups) < parallel:
+def _finish(plan: Plan, args, start: float) -> int:
+    """The sweep's summary line and its report (unless other processes still hold runs); the exit code."""
+    states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
+    counts = {s: states.count(s) for s in sorted(set(states))}
+    print(
+        f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
+    )
+    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
+    if elsewhere:
         print(
-            f"study sweep: only {count} GPUs for {parallel} x {per_run}; running {len(groups)} at once",
+            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
+            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
             flush=True,
         )
-    return groups[:parallel] or [None]
-
-
-def _run_one(plan: Plan, index: str) -> int:
-    if index == "pretrain":
-        if plan.pretrain is None:
-            print("study sweep: this sweep has no pretraining run", file=sys.stderr)
-            return 2
-        run, is_pretrain = plan.pretrain, True
-    else:
-        try:
-            run, is_pretrain = plan.runs[int(index)], False
-        except (ValueError, IndexError):
-            print(
-                f"study sweep: --run-index {index!r} is not in 0..{len(plan.runs) - 1} or 'pretrain'",
-                file=sys.stderr,
-            )
-            return 2
-        if not _pretrain_done(plan):
-            print(
-                f"study sweep: run the pretraining first (--run-index pretrain): {plan.pretrain.dir}",
-                file=sys.stderr,
-            )
-            return 2
-    if not is_rank_zero():  # a worker of a multi-process run: rank zero holds the run's lock
-        status = execute_run(run, is_pretrain=is_pretrain)
-        return 0 if status["state"] in FINAL_STATES else 1
-    try:
-        with RunLock(run.dir) as lock:
-            _say_taken_over(run, lock)
-            if _done(run):
-                print(f"{run.name}: already {read_status(run.dir)['state']}, skipped", flush=True)
-                return 0
-            status = execute_run(run, is_pretrain=is_pretrain)
-    except RunBusy as held:
-        print(f"study sweep: {held}; left to it", flush=True)
         return 0
-    if is_rank_zero():
-        print(
-            f"{run.name}: {status['state']} in {status.get('duration_s', 0):.1f}s"
-            + (f" ({status['reason']})" if status.get("reason") else ""),
-            flush=True,
-        )
-    return 0 if status["state"] in FINAL_STATES else 1
+    if plan.report and not args.no_report:
+        from study.report import build_report
+
+        path = build_report(plan.sweep_dir)
+        print(f"report: {path}", flush=True)
+    return 0 if all(s in FINAL_STATES for s in states) else 1
 
 
-def _say_taken_over(run: Run, lock: RunLock) -> None:
-    if lock.taken_over:
-        print(
-            f"{run.name}: taking over the lock of pid {lock.taken_over.get('pid')} on {lock.taken_over.get('host')}"
-            " (that process is gone)",
-            flush=True,
-        )
-
-
-def _left_to_others(run: Run, held: RunBusy, progress: Progress) -> None:
-    progress.update(run, {"state": "running elsewhere", "reason": str(held)}, skipped=True)
-
-
-def _run_in_process(todo: list[Run], progress: Progress) -> None:
-    """Train each run this process can lock; runs other processes hold are left to them."""
-    for run in todo:
-        try:
-            with RunLock(run.dir) as lock:
-                _say_taken_over(run, lock)
-                if _done(run):  # finished by another process since the plan was read
-                    progress.update(run, read_status(run.dir) or {}, skipped=True)
-                    continue
-                progress.update(run, execute_run(run))
-        except RunBusy as held:
-            _left_to_others(run, held, progress)
-
-
-def _run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress: Progress) -> None:
-    """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time."""
-    slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
-    pending, active = list(todo), {}
-    while pending or active:
-        for slot, gpus in enumerate(slots):
-            if slot not in active and pending:
-                run = pending.pop(0)
-                held = busy(run.dir)
-                if held is not None:
-                    _left_to_others(run, held, progress)
-                    continue
-                env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
-                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir)
-                active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
-        time.sleep(0.2)
-        for slot in list(active):
-            run, proc, started = active[slot]
-            if proc.poll() is not None:
-                del active[slot]
-                status = finish_subprocess(proc, run)
-                status.setdefault("duration_s", round(time.perf_counter() - started, 2))
-                progress.update(run, status)
-
-
-def _wait_for_pretraining(plan: Plan) -> None:
-    """Another process pretraining the shared model: wait for it (every run of the sweep needs its result)."""
-    held = busy(plan.pretrain.dir)
-    if held is not None:
-        print(f"study sweep: waiting for the pretraining: {held}", flush=True)
-    while held is not None:
-        time.sleep(5)
-        held = busy(plan.pretrain.dir)
-
-
-def _pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
-    print(f"pretraining -> {plan.pretrain.dir}", flush=True)
-    if subprocess_mode:
-        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir)
-        proc = launch_subprocess(cmd, plan.pretrain)
-        proc.wait()
-        return finish_subprocess(proc, plan.pretrain)
-    try:
-        with RunLock(plan.pretrain.dir) as lock:
-            _say_taken_over(plan.pretrain, lock)
-            return execute_run(plan.pretrain, is_pretrain=True)
-    except RunBusy:  # another process started it between our check and now
-        _wait_for_pretraining(plan)
-        return read_status(plan.pretrain.dir) or {"state": "missing"}
-
-
-def main(argv: list[str] | None = None) -> int:
-    args, rest = _parser().parse_known_args(argv)
+def _checked_plan(args, rest: list[str]) -> Plan | int:
+    """The plan, with the spec, every run's `study fit` arguments and the options checked; else an exit code."""
     bad = [a for a in rest if not a.startswith(PASSTHROUGH_PREFIXES)]
     if bad:
         print(
@@ -300,18 +189,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
+    refused = _refused_args(plan, args.run_index)
+    if refused:
+        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
+        return 2
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
+    plan = _checked_plan(args, rest)
+    if isinstance(plan, int):
+        return plan
+    passthrough = list(rest)
     threads = args.threads or plan.threads
     if threads:
         import torch
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
-    refused = _refused_args(plan, args.run_index)
-    if refused:
-        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
-        return 2
     if args.run_index is not None:
-        return _run_one(plan, args.run_index)
+        return run_one(plan, args.run_index)
 
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
@@ -324,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(plan.runs)} runs; plan written to {plan.sweep_dir / 'plan.json'}")
         return 0
 
-    todo = [r for r in plan.runs if not _done(r)]
-    pretrain_todo = not _pretrain_done(plan)
-    subprocess_mode = args.parallel > 1 or _needs_subprocess(plan, passthrough)
+    todo = [r for r in plan.runs if not done(r)]
+    pretrain_todo = not pretrain_done(plan)
+    subprocess_mode = args.parallel > 1 or needs_subprocess(plan, passthrough)
     print(
         f"study sweep {plan.name}: {len(plan.runs)} runs ({len(plan.runs) - len(todo)} already done)"
         + (", pretraining first" if pretrain_todo else (", pretrained model cached" if plan.pretrain else ""))
@@ -334,41 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; {args.parallel} at a time" if args.parallel > 1 else ""),
         flush=True,
     )
-    estimate = timing = None
+    estimate = None
     if (todo or pretrain_todo) and not args.no_estimate:
-        probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
-        probe_run = Run(
-            probe_run.index,
-            probe_run.name,
-            probe_run.dir,
-            probe_run.params,
-            [
-                a
-                for a in probe_run.args
-                if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)
-            ],
-            probe_run.resolved,
-        )
-        try:
-            timing = probe(probe_run)
-        except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
-            timing = None
-            print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
-    if timing is not None:
-        estimate = plan_estimate(plan, todo, pretrain_todo, timing, args.parallel)
-        print(
-            f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"
-            + (" + pretraining" if pretrain_todo else "")
-            + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
-            f" (probe on {probe_run.name}).",
-            flush=True,
-        )
+        estimate = _estimate(plan, todo, pretrain_todo, args.parallel)
     start = time.perf_counter()
     if plan.pretrain is not None:
-        _wait_for_pretraining(plan)
-        pretrain_todo = not _pretrain_done(plan)
+        wait_for_pretraining(plan)
+        pretrain_todo = not pretrain_done(plan)
     if pretrain_todo:
-        status = _pretrain(plan, args, passthrough, subprocess_mode)
+        status = pretrain(plan, args, passthrough, subprocess_mode)
         print(
             f"pretrain: {status['state']} in {fmt_duration(time.perf_counter() - start)}"
             + (f" ({status['reason']})" if status.get("reason") else ""),
@@ -385,28 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if run not in todo:
             progress.update(run, read_status(run.dir) or {}, skipped=True)
     if subprocess_mode:
-        _run_pool(plan, todo, args, passthrough, progress)
+        run_pool(plan, todo, args, passthrough, progress)
     else:
-        _run_in_process(todo, progress)
-    states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
-    counts = {s: states.count(s) for s in sorted(set(states))}
-    print(
-        f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
-    )
-    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
-    if elsewhere:
-        print(
-            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
-            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
-            flush=True,
-        )
-        return 0
-    if plan.report and not args.no_report:
-        from study.report import build_report
-
-        path = build_report(plan.sweep_dir)
-        print(f"report: {path}", flush=True)
-    return 0 if all(s in FINAL_STATES for s in states) else 1
+        run_in_process(todo, progress)
+    return _finish(plan, args, start)
 
 
 if __name__ == "__main__":

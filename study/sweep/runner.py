@@ -65,13 +65,26 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The global step saved in a checkpoint, or None (with the reason printed) if the file does not load."""
+def _load_checkpoint(path: Path) -> dict[str, Any]:
     import torch
 
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: cheap on big files
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why a checkpoint file does not load (truncated, not a checkpoint), on one line; None if it loads."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return int(ckpt.get("global_step", 0))
+        _load_checkpoint(Path(path))
+    except Exception as err:  # noqa: BLE001 - any failure to load is the answer
+        first = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's first sentence says it
+        return f"{type(err).__name__}: {first}"
+    return None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The global step saved in a checkpoint, or None (with the reason printed) if the file does not load."""
+    try:
+        return int(_load_checkpoint(path).get("global_step", 0))
     except Exception as err:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
         print(f"cannot read {path}: {type(err).__name__}: {err}", flush=True)
         return None
@@ -204,6 +217,8 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     except BaseException as err:  # Ctrl-C (Lightning turns it into SystemExit(1)), SIGTERM: record, then stop
         cause = err.__context__ if isinstance(err, SystemExit) and err.__context__ else err
         status.update(state="failed", reason=f"interrupted: {type(cause).__name__} {cause}".strip())
+        if isinstance(err, SystemExit) and not err.code:  # Lightning's SIGTERMException exits 0: it must not
+            raise SystemExit(128 + 15 if "SIGTERM" in type(err).__name__ else 1) from err
         raise
     finally:
         status.update(ended=_now(), duration_s=round(time.perf_counter() - start, 2))

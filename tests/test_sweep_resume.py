@@ -1,0 +1,60 @@
+"""Exact resume: a run interrupted mid-epoch and resumed ends with the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from study.report.read import read_scalars
+from study.sweep import main
+from tests.test_sweep import status, write_spec
+
+# 12 blocks of batch 4: 3 batches an epoch; last.ckpt every 2 steps, so the run resumes from step 4, inside
+# epoch 1 (the resumed epoch must be shuffled as epoch 1 and skip its first batch)
+RESUME = {
+    "trainer.max_steps": 9,
+    "trainer.val_check_interval": 3,  # validation inside the epochs
+    "trainer.check_val_every_n_epoch": None,
+    "data.max_train_blocks": 12,
+}
+KILL = {"class_path": "tests.faults.KillAtStep", "init_args": {"step": 5, "signal": "SIGINT"}}
+
+
+def sweep_dir(tmp_path, name, callbacks):
+    folder = tmp_path / name
+    folder.mkdir()
+    spec = write_spec(
+        folder, {"temperature": [0.5]}, RESUME, checkpoint={"every_n_train_steps": 2}, callbacks=callbacks
+    )
+    return spec, folder / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+
+
+def weights(run):
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_a_run_interrupted_mid_epoch_resumes_exactly(tmp_path, monkeypatch):
+    spec, reference = sweep_dir(tmp_path, "uninterrupted", [])
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    spec, run = sweep_dir(tmp_path, "interrupted", [KILL])
+    monkeypatch.setenv("STUDY_FAULTS", "1")
+    try:
+        with pytest.raises(SystemExit):  # Ctrl-C after step 5: Lightning exits 1
+            main(["--config", str(spec), "--no-estimate"])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after one
+    monkeypatch.delenv("STUDY_FAULTS")
+    assert status(run)["state"] == "failed"
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    st = status(run)
+    assert st["state"] == "finished" and st["resumed_from_step"] == 4 and st["global_step"] == 9
+    ref, got = weights(reference), weights(run)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-6, msg=name)
+    # and the logged losses: one value per step, the uninterrupted run's values
+    got_loss, ref_loss = read_scalars(run)["train/loss"], read_scalars(reference)["train/loss"]
+    assert [s for s, _ in got_loss] == [s for s, _ in ref_loss] == list(range(9))
+    assert [v for _, v in got_loss] == pytest.approx([v for _, v in ref_loss], abs=1e-6)

@@ -1,7 +1,7 @@
 """The `study` command.
 
     study fit|validate|test --config configs/default.yaml [--model.attention.temperature=0.5 ...]
-        LightningCLI over `GPT2Module` and `TextDataModule`: every option of the Trainer, the model and the data
+        LightningCLI over `CausalLMModule` and `TextDataModule`: every option of the Trainer, the model and the data
         from YAML or the command line (`study fit --help`, `study fit --print_config`).
 
     study sweep --config configs/sweeps/default.yaml [--quick]    the study's grid of runs, then its report
@@ -21,7 +21,7 @@ import sys
 from lightning.pytorch.cli import LightningCLI
 
 from study.data import TextDataModule
-from study.model import GPT2Module
+from study.model import CausalLMModule
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
 VERBS: dict[str, str] = {
@@ -37,6 +37,8 @@ class StudyCLI(LightningCLI):
         # The model embeds exactly the tokenizer's vocabulary and checks the block size against its context.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.block_size", "model.block_size")
+        # tokenizer "auto" / "model" reads the loaded model's own tokenizer.
+        parser.link_arguments("model.model_name_or_path", "data.model_name_or_path")
 
 
 def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
@@ -51,7 +53,7 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
         # LightningCLI warns when it gets `args` while sys.argv has arguments too (as under `study sweep`).
         sys.argv = argv[:1]
     try:
-        return StudyCLI(GPT2Module, TextDataModule, args=args, run=run, **kwargs)
+        return StudyCLI(CausalLMModule, TextDataModule, args=args, run=run, **kwargs)
     finally:
         sys.argv = argv
 

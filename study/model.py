@@ -1,9 +1,11 @@
-"""`GPT2Module`: causal-LM fine-tuning of GPT-2 under an `AttentionSpec` (temperature, top-k, normaliser).
+"""`CausalLMModule`: training of any Hugging Face causal LM under an `AttentionSpec` (temperature, top-k, normaliser).
 
-The Hugging Face model comes from the hub or a local directory (`model_name_or_path`, via `from_pretrained`) or is
-built from a small `GPT2Config` (from scratch). Its attention layers are switched to the spec with
-`study.attention.apply_attention_spec`, which is also why importing this module registers the attention
-implementation in every DDP worker.
+The model is loaded with `AutoModelForCausalLM.from_pretrained` (`model_name_or_path`: a hub name, a local folder,
+or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M), or, when
+no name is given, built from scratch as a GPT-2 of the given size. Its attention layers are switched to the spec
+with `study.attention.apply_attention_spec`, which is also why importing this module registers the attention
+implementation in every DDP worker. `GPT2Module` is the same class under its former name (configs and checkpoints
+that name it keep working).
 """
 
 from __future__ import annotations
@@ -18,20 +20,23 @@ from torchmetrics.aggregation import MeanMetric
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
+from study.pretrained import resolve_model
 
 
-class GPT2Module(L.LightningModule):
-    """Fine-tune (or train from scratch) a GPT-2 causal LM with a chosen attention normalisation.
+class CausalLMModule(L.LightningModule):
+    """Fine-tune a pretrained causal LM (or train a GPT-2 from scratch) with a chosen attention normalisation.
 
     Args:
         attention: normaliser, temperature T, top-k selection and layers (`study.attention.AttentionSpec`).
-        model_name_or_path: hub name ("gpt2") or local directory to load with `from_pretrained`; None builds a
-            fresh model from the size arguments below.
-        n_layer, n_head, n_embd, n_positions: size of a model built from scratch (ignored when loading).
+        model_name_or_path: what `from_pretrained` loads: a hub name ("gpt2"), a local folder, or an embedded
+            short name ("smollm2-135m", materialised offline by `study.pretrained.resolve_model`); None builds a
+            fresh GPT-2 from the size arguments below.
+        n_layer, n_head, n_embd, n_positions: size of a GPT-2 built from scratch (ignored when loading).
         vocab_size: token ids to embed; the CLI links it to the data's tokenizer. A loaded model whose
             vocabulary is smaller than the tokenizer's is an error.
-        block_size: sequence length the data produces; checked against the model's context (n_positions).
-        dropout: residual, embedding and attention dropout of a model built from scratch.
+        block_size: sequence length the data produces; checked against the model's context.
+        dropout: residual, embedding and attention dropout of a model built from scratch. A loaded model keeps
+            the dropout of its own config (GPT-2: 0.1; SmolLM2: 0), active in training.
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW weight decay, applied to matrices only (not to biases, norms).
         betas: AdamW betas.
@@ -40,7 +45,7 @@ class GPT2Module(L.LightningModule):
 
     Example:
         >>> from study.attention import AttentionSpec
-        >>> module = GPT2Module(AttentionSpec(temperature=0.5, top_k=4), n_layer=2, n_embd=64, n_head=2,
+        >>> module = CausalLMModule(AttentionSpec(temperature=0.5, top_k=4), n_layer=2, n_embd=64, n_head=2,
         ...                     n_positions=64, vocab_size=256)
         >>> module.model.transformer.h[0].attn.study_spec.temperature
         0.5
@@ -69,7 +74,10 @@ class GPT2Module(L.LightningModule):
         # with the metrics that HParams compares runs by.
         self.save_hyperparameters(logger=False)
         if model_name_or_path:
-            self.model = AutoModelForCausalLM.from_pretrained(model_name_or_path)
+            self.model = AutoModelForCausalLM.from_pretrained(resolve_model(model_name_or_path))
+            # `from_pretrained` returns the model in eval mode, and Lightning keeps submodules' modes as they are:
+            # without this, dropout would be silently off during fine-tuning.
+            self.model.train()
             if self.model.get_input_embeddings().num_embeddings < vocab_size:
                 raise ValueError(
                     f"the tokenizer has {vocab_size} tokens but {model_name_or_path!r} embeds only "
@@ -89,8 +97,9 @@ class GPT2Module(L.LightningModule):
                 eos_token_id=vocab_size - 1,
             )
             self.model = GPT2LMHeadModel(config)
-        context = getattr(self.model.config, "n_positions", None) or self.model.config.max_position_embeddings
-        if block_size is not None and block_size > context:
+        config = self.model.config
+        context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        if block_size is not None and context is not None and block_size > context:
             raise ValueError(f"block_size={block_size} exceeds the model's context of {context} positions")
         apply_attention_spec(self.model, attention)
         self.attention = attention
@@ -154,6 +163,10 @@ class GPT2Module(L.LightningModule):
             attention_layers=len(attention_modules(self.model)),
         )
         return summary
+
+
+# The former name: configs, imports and checkpoints that say GPT2Module keep working.
+GPT2Module = CausalLMModule
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:

@@ -181,3 +181,19 @@ def test_cache_dir_comes_from_the_environment(tmp_path, monkeypatch):
     assert pretrained.cache_root() == tmp_path / "env-cache"
     monkeypatch.delenv(pretrained.CACHE_ENV)
     assert pretrained.cache_root() == pretrained.DEFAULT_CACHE
+
+
+def test_study_fit_on_a_gguf_uses_its_tokenizer_and_trains(text_files, tmp_path, monkeypatch):
+    """`study fit --model.model_name_or_path=<gguf>`: materialised, its own tokenizer linked, trained in train mode."""
+    from study.cli import lightning_main
+    from tests.test_cli import fit_args
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    monkeypatch.setenv(pretrained.CACHE_ENV, str(tmp_path / "models"))
+    cli = lightning_main(fit_args(text_files, tmp_path, f"--model.model_name_or_path={path}"))
+    assert type(cli.model.model).__name__ == "LlamaForCausalLM"
+    assert cli.datamodule.vocab_size == len(_tokens()) == cli.model.hparams.vocab_size
+    assert cli.datamodule.tokenizer.eos_token == "<|im_end|>"
+    assert cli.trainer.global_step == 2
+    assert cli.model.model.training

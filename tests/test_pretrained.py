@@ -197,3 +197,21 @@ def test_study_fit_on_a_gguf_uses_its_tokenizer_and_trains(text_files, tmp_path,
     assert cli.datamodule.tokenizer.eos_token == "<|im_end|>"
     assert cli.trainer.global_step == 2
     assert cli.model.model.training
+
+
+def test_study_analyze_accepts_a_gguf_and_names_the_output_after_it(tmp_path, monkeypatch):
+    """`study analyze --model <short name | gguf>` goes through `resolve_model` (here: a tiny gguf)."""
+    import json
+
+    from study.analysis.cli import main
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    monkeypatch.setenv(pretrained.CACHE_ENV, str(tmp_path / "models"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("the ther theta " * 200)
+    assert main(["--model", str(path), "--text", "text.txt", "--lengths", "16", "--ns", "1", "5",
+                 "--temperatures", "0.1", "1", "--mc-samples", "0", "--no-figures"]) == 0
+    out = tmp_path / "logs" / "analysis" / str(path).replace("/", "--")
+    source = json.loads((out / "results.json").read_text())["source"]
+    assert source["model"] == str(path) and source["model_kind"] == "dir"

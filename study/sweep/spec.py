@@ -240,9 +240,9 @@ def build_plan(
         _check_keys("quick", q, QUICK_KEYS)
         overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
         grid_in.update(q.get("grid") or {})
-        if pretrain_spec is not None and q.get("pretrain") is not None:
+        if q.get("pretrain") is not None:  # a quick pipeline may pretrain even when the full one does not
             _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
-            pretrain_spec = copy.deepcopy(pretrain_spec)
+            pretrain_spec = copy.deepcopy(pretrain_spec or {})
             pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
         name = f"{name}-quick"
     grid = _check_grid(grid_in)

@@ -137,3 +137,21 @@ def test_short_model_names_are_resolved(tmp_path, monkeypatch):
     monkeypatch.setattr(study.model, "resolve_model", lambda name: str(tmp_path / name))
     module = CausalLMModule(model_name_or_path="tiny", vocab_size=64)
     assert module.model.config.n_layer == 2 and module.hparams.model_name_or_path == "tiny"
+
+
+def test_attention_only_fine_tuning_trains_exactly_the_attention_parameters():
+    from study.attention import attention_modules
+
+    module = CausalLMModule(trainable="attention", warmup_steps=1, **TINY)
+    attention = {id(p) for m in attention_modules(module.model) for p in m.parameters()}
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    assert trainable == attention and len(trainable) > 0
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, batches())
+    changed = {n for n, p in module.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".attn." in n for n in changed)
+    assert {n for n in before if ".attn." in n and n.endswith("weight")} <= changed
+    with pytest.raises(ValueError, match="trainable='mlp'"):
+        CausalLMModule(trainable="mlp", **TINY)

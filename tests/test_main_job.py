@@ -69,3 +69,9 @@ def test_quick_is_the_small_gpt2_pipeline():
     pretrain = _print_config(quick.pretrain.args)
     assert pretrain["model"]["model_name_or_path"] is None and pretrain["model"]["n_layer"] == 2
     assert all(f"--model.model_name_or_path={quick.pretrain.dir / 'hf'}" in r.args for r in quick.runs)
+
+
+def test_fuller_smollm2_sweep_parses():
+    plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-full.yaml")
+    assert len(plan.runs) == 50 and len({r.params["seed"] for r in plan.runs}) == 5
+    assert all("--trainer.max_steps=60" in r.args for r in plan.runs)

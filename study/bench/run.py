@@ -74,15 +74,15 @@ def run_benchmark(settings: Settings, progress=print, on_model=None) -> dict:
                 settings = replace(base_settings, rounds=max(1, round(settings.rounds * f)),
                                    chunk=max(1, round(settings.chunk * f)), warmup=max(1, round(settings.warmup * f)))
             vs = variants(settings, bool(classes))
-            progress(f"[bench] {shape.name}: {len(vs)} variants x {settings.warmup}+{settings.rounds}x{settings.chunk} "
-                     "steps, interleaved")
             t0 = time.perf_counter()
             if shape.one_at_a_time:
                 settings = replace(settings, rounds=2, warmup=1, chunk=max(2, base_settings.chunk))
-                progress(f"[bench] {shape.name}: one variant at a time, {settings.rounds} rounds of "
+                progress(f"[bench] {shape.name}: {len(vs)} variants one at a time, {settings.rounds} rounds of "
                          f"{settings.warmup}+{settings.chunk} steps")
                 timed = time_one_at_a_time(shape, vs, settings, classes, log_root)
             else:
+                progress(f"[bench] {shape.name}: {len(vs)} variants x {settings.warmup}+{settings.rounds}x"
+                         f"{settings.chunk} steps, interleaved")
                 timed = time_variants(shape, vs, settings, classes, log_root)
             warmup = 0 if timed.get("warmup_dropped") else settings.warmup
             params = sum(p.numel() for p in _module(shape, vs[0]).parameters())

@@ -68,6 +68,8 @@ def test_quick_is_the_small_gpt2_pipeline():
     assert quick.pretrain is not None and len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
     pretrain = _print_config(quick.pretrain.args)
     assert pretrain["model"]["model_name_or_path"] is None and pretrain["model"]["n_layer"] == 2
+    assert pretrain["model"]["trainable"] == "all"  # a model from scratch trains everything
+    assert all("--model.trainable=all" in r.args and "--model.n_layer=2" in r.args for r in quick.runs)
     assert all(f"--model.model_name_or_path={quick.pretrain.dir / 'hf'}" in r.args for r in quick.runs)
 
 

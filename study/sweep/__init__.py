@@ -250,10 +250,13 @@ def main(argv: list[str] | None = None) -> int:
             probe_run.name,
             probe_run.dir,
             probe_run.params,
+            # Before pretraining, time a model of the same size from scratch (null, not the base config's model:
+            # that may be another model altogether, e.g. SmolLM2 under the small GPT-2 quick pipeline).
             [
-                a
+                "--model.model_name_or_path=null"
+                if (a.startswith("--model.model_name_or_path=") and pretrain_todo)
+                else a
                 for a in probe_run.args
-                if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)
             ],
             probe_run.resolved,
         )

@@ -111,3 +111,18 @@ def test_model_tokenizer_needs_a_model_and_a_tokenizer(text_files, tmp_path):
                         model_name_or_path=str(tmp_path / "bare"), cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="bare has no tokenizer files"):
         _ = dm.vocab_size
+
+
+def test_analyze_finds_the_auto_tokenizer_of_a_scratch_checkpoint(text_files, tmp_path):
+    """`data.tokenizer: auto` without a loaded model is corpus-bpe: `study analyze` rebuilds it from its cache."""
+    import yaml
+
+    from study.analysis.cli import checkpoint_tokenizer
+
+    train, val = text_files
+    data = dict(tokenizer="auto", source="files", train_files=[train], val_files=[val], vocab_size=300,
+                cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    tok = checkpoint_tokenizer(tmp_path / "run" / "checkpoints" / "last.ckpt", {"model_name_or_path": None})
+    assert tok is not None and len(tok) == 300

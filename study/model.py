@@ -1,9 +1,11 @@
-"""`GPT2Module`: causal-LM fine-tuning of GPT-2 under an `AttentionSpec` (temperature, top-k, normaliser).
+"""`CausalLMModule`: training of any Hugging Face causal LM under an `AttentionSpec` (temperature, top-k, normaliser).
 
-The Hugging Face model comes from the hub or a local directory (`model_name_or_path`, via `from_pretrained`) or is
-built from a small `GPT2Config` (from scratch). Its attention layers are switched to the spec with
-`study.attention.apply_attention_spec`, which is also why importing this module registers the attention
-implementation in every DDP worker.
+The model is loaded with `AutoModelForCausalLM.from_pretrained` (`model_name_or_path`: a hub name, a local folder,
+or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M), or, when
+no name is given, built from scratch as a GPT-2 of the given size. Its attention layers are switched to the spec
+with `study.attention.apply_attention_spec`, which is also why importing this module registers the attention
+implementation in every DDP worker. `GPT2Module` is the same class under its former name (configs and checkpoints
+that name it keep working).
 """
 
 from __future__ import annotations
@@ -20,20 +22,29 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
 from study.hparams import HPARAMS_METRICS, write_session
+from study.pretrained import resolve_model
+
+TRAINABLE = ("all", "attention")
 
 
-class GPT2Module(L.LightningModule):
-    """Fine-tune (or train from scratch) a GPT-2 causal LM with a chosen attention normalisation.
+class CausalLMModule(L.LightningModule):
+    """Fine-tune a pretrained causal LM (or train a GPT-2 from scratch) with a chosen attention normalisation.
 
     Args:
         attention: normaliser, temperature T, top-k selection and layers (`study.attention.AttentionSpec`).
-        model_name_or_path: hub name ("gpt2") or local directory to load with `from_pretrained`; None builds a
-            fresh model from the size arguments below.
-        n_layer, n_head, n_embd, n_positions: size of a model built from scratch (ignored when loading).
+        model_name_or_path: what `from_pretrained` loads: a hub name ("gpt2"), a local folder, or an embedded
+            short name ("smollm2-135m", materialised offline by `study.pretrained.resolve_model`); None builds a
+            fresh GPT-2 from the size arguments below.
+        n_layer, n_head, n_embd, n_positions: size of a GPT-2 built from scratch (ignored when loading).
         vocab_size: token ids to embed; the CLI links it to the data's tokenizer. A loaded model whose
             vocabulary is smaller than the tokenizer's is an error.
-        block_size: sequence length the data produces; checked against the model's context (n_positions).
-        dropout: residual, embedding and attention dropout of a model built from scratch.
+        block_size: sequence length the data produces; checked against the model's context.
+        dropout: residual, embedding and attention dropout of a model built from scratch. A loaded model keeps
+            the dropout of its own config (GPT-2: 0.1; SmolLM2: 0), active in training.
+        trainable: "all" parameters, or only the "attention" modules' (query, key, value, output projections);
+            the rest is frozen. Attention-only fine-tuning lets attention adapt to a new T / top-k with about half
+            the cost of a full step on SmolLM2 (no weight gradients for the LM head, MLPs and norms, and AdamW over
+            26.5 M instead of 134.5 M parameters).
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW weight decay, applied to matrices only (not to biases, norms).
         betas: AdamW betas.
@@ -44,7 +55,7 @@ class GPT2Module(L.LightningModule):
 
     Example:
         >>> from study.attention import AttentionSpec
-        >>> module = GPT2Module(AttentionSpec(temperature=0.5, top_k=4), n_layer=2, n_embd=64, n_head=2,
+        >>> module = CausalLMModule(AttentionSpec(temperature=0.5, top_k=4), n_layer=2, n_embd=64, n_head=2,
         ...                     n_positions=64, vocab_size=256)
         >>> module.model.transformer.h[0].attn.study_spec.temperature
         0.5
@@ -61,6 +72,7 @@ class GPT2Module(L.LightningModule):
         vocab_size: int = 50257,
         block_size: int | None = None,
         dropout: float = 0.0,
+        trainable: str = "all",
         learning_rate: float = 3e-4,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -69,12 +81,17 @@ class GPT2Module(L.LightningModule):
         hparams_experiment: bool = True,
     ) -> None:
         super().__init__()
+        if trainable not in TRAINABLE:
+            raise ValueError(f"trainable={trainable!r}; choose one of {TRAINABLE}")
         attention = attention or AttentionSpec()
         # `logger=False`: hyperparameters go to TensorBoard from `on_fit_start`, flattened and declared together
         # with the metrics that HParams compares runs by.
         self.save_hyperparameters(logger=False)
         if model_name_or_path:
-            self.model = AutoModelForCausalLM.from_pretrained(model_name_or_path)
+            self.model = AutoModelForCausalLM.from_pretrained(resolve_model(model_name_or_path))
+            # `from_pretrained` returns the model in eval mode, and Lightning keeps submodules' modes as they are:
+            # without this, dropout would be silently off during fine-tuning.
+            self.model.train()
             if self.model.get_input_embeddings().num_embeddings < vocab_size:
                 raise ValueError(
                     f"the tokenizer has {vocab_size} tokens but {model_name_or_path!r} embeds only "
@@ -94,10 +111,13 @@ class GPT2Module(L.LightningModule):
                 eos_token_id=vocab_size - 1,
             )
             self.model = GPT2LMHeadModel(config)
-        context = getattr(self.model.config, "n_positions", None) or self.model.config.max_position_embeddings
-        if block_size is not None and block_size > context:
+        config = self.model.config
+        context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        if block_size is not None and context is not None and block_size > context:
             raise ValueError(f"block_size={block_size} exceeds the model's context of {context} positions")
         apply_attention_spec(self.model, attention)
+        if trainable == "attention":
+            freeze_all_but_attention(self.model)
         self.attention = attention
         self.val_loss = MeanMetric()
 
@@ -157,10 +177,24 @@ class GPT2Module(L.LightningModule):
             warmup_steps=hp.warmup_steps,
             block_size=hp.block_size or 0,
             attention_layers=len(attention_modules(self.model)),
+            trainable=hp.get("trainable", "all"),
         )
         if os.environ.get("PL_GLOBAL_SEED"):  # set by `seed_everything` (the CLI's `seed_everything` option)
             summary["seed"] = int(os.environ["PL_GLOBAL_SEED"])
         return summary
+
+
+def freeze_all_but_attention(model: torch.nn.Module) -> None:
+    """Only the parameters of the self-attention modules keep ``requires_grad`` (the optimizer gets only those)."""
+    keep = {id(p) for module in attention_modules(model) for p in module.parameters()}
+    if not keep:
+        raise ValueError(f"{type(model).__name__} has no attention modules to train")
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
+# The former name: configs, imports and checkpoints that say GPT2Module keep working.
+GPT2Module = CausalLMModule
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:

@@ -71,3 +71,60 @@ def test_cli_verb_is_registered():
 
     assert VERBS["bench"] == "study.bench"
     assert callable(main)
+
+
+TINY_LLAMA = Shape("tiny-llama", n_layer=2, n_head=4, n_embd=32, vocab_size=64, batch_size=2, seq_len=16,
+                   arch="llama", n_kv_head=2, n_inner=64, one_at_a_time=True)
+
+
+def test_llama_shape_one_variant_at_a_time_with_bf16_parity(tmp_path):
+    """The SmolLM2-like path (grouped-query Llama, variants taking turns) and the GPU suite's parity, on CPU."""
+    settings = Settings(shapes=[TINY_LLAMA], rounds=2, chunk=2, warmup=1, top_ks=(4,), normalizers=("sparsemax",),
+                        monitor_every=(), analysis_lengths=(16,), analysis_repeats=1, analysis_oracle_rows=4,
+                        precision="bf16-mixed", parity=True)
+    result = run_benchmark(settings, progress=lambda *_: None)
+    (model,) = result["models"]
+    assert model["steps"]["one_at_a_time"] and model["params"] > 0
+    for row in model["rows"]:
+        assert "error" not in row, row.get("error")
+        assert row["time"]["steps"] == 4  # 2 rounds x 2 timed steps; each fit's warm-up step dropped
+        assert _positive(row["ratio_vs_sdpa"])
+    parity = {row["path"]: row for row in model["parity"]}
+    assert set(parity) == {"stock sdpa", "study fused SDPA, T=1", "study explicit fp32, top-k=L (all keys)",
+                           "study fused SDPA, T=0.5", "study explicit fp32, T=0.5, top-k=L", "study top-k k=4",
+                           "study sparsemax"}
+    # Exact-arithmetic equalities hold in fp32, and bf16 errors are real, finite measurements.
+    assert parity["study explicit fp32, top-k=L (all keys)"]["fp32_vs_stock"] < 1e-4
+    assert parity["study explicit fp32, T=0.5, top-k=L"]["fp32_vs_study fused SDPA, T=0.5"] < 1e-4
+    assert all(r["verdict"] == "PASS" for r in parity.values()), parity
+    assert all(math.isfinite(r["loss_error_vs_own_fp32"]) for r in parity.values())
+    markdown = to_markdown(result)
+    assert "Llama 2 layers x 32, 4 heads (2 key-value)" in markdown and "| study top-k k=4 |" in markdown
+
+
+def test_parity_catches_a_path_that_differs_from_stock(monkeypatch):
+    """A wrong path (here: stock eager silently at T=0.9) must fail parity, not pass on tolerance."""
+    import study.bench.parity as parity_module
+    from study.bench.shapes import Variant
+
+    real = parity_module.paths
+
+    def broken(settings, seq_len):
+        rows = real(settings, seq_len)
+        name, _, equals = rows[1]
+        return [rows[0], (name, Variant("fast", "temperature", "study", {"temperature": 0.9}), equals)]
+
+    monkeypatch.setattr(parity_module, "paths", broken)
+    settings = Settings(shapes=[TINY], precision="32-true")
+    rows = parity_module.check_parity(TINY, settings)
+    assert rows[0]["verdict"] == "PASS" and rows[1]["verdict"] == "MISS"
+
+
+def test_gpu_suite_arguments():
+    gpu = settings_from_args(parse_args(["--gpu-suite", "--device", "cpu"]))
+    assert [s.name for s in gpu.shapes] == ["gpt2-124m-L512", "gpt2-124m-L1024", "gpt2-124m-L2048"]
+    assert [s.seq_len for s in gpu.shapes] == [512, 1024, 2048]
+    assert {s.batch_size * s.seq_len for s in gpu.shapes} == {8192}
+    assert gpu.parity and gpu.precision == "bf16-mixed"
+    smol = SHAPES["smollm2"]
+    assert (smol.n_layer, smol.n_head, smol.n_kv_head, smol.vocab_size) == (30, 9, 3, 49152)

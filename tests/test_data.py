@@ -83,3 +83,46 @@ def test_embedded_corpus_is_split_by_whole_works():
     assert len(files["train"]) + len(files["validation"]) == 42 and len(files["validation"]) == 4
     assert not set(files["train"]) & set(files["validation"])
     assert any(f.endswith("hamlet_gut.txt") for f in files["validation"])
+
+
+def test_auto_tokenizer_is_the_models_own_when_a_model_is_loaded(text_files, tmp_path):
+    from transformers import GPT2TokenizerFast
+
+    train, val = text_files
+    own = GPT2TokenizerFast(vocab={"a": 0, "b": 1, "<|endoftext|>": 2}, merges=[], eos_token="<|endoftext|>")
+    own.save_pretrained(tmp_path / "model")
+    files = dict(train_files=[train], val_files=[val], cache_dir=str(tmp_path / "cache"), vocab_size=300)
+    scratch = TextDataModule("files", tokenizer="auto", **files)
+    loaded = TextDataModule("files", tokenizer="auto", model_name_or_path=str(tmp_path / "model"), **files)
+    assert scratch.vocab_size == 300  # corpus-bpe of the requested size
+    assert loaded.vocab_size == 3 and loaded.tokenizer.eos_token_id == 2
+    # Different tokenizers never share a block cache.
+    assert scratch._blocks_dir() != loaded._blocks_dir()
+    assert TextDataModule("files", tokenizer="model", model_name_or_path=str(tmp_path / "model"),
+                          **files)._blocks_dir() == loaded._blocks_dir()
+
+
+def test_model_tokenizer_needs_a_model_and_a_tokenizer(text_files, tmp_path):
+    train, val = text_files
+    with pytest.raises(ValueError, match="tokenizer='model' needs a loaded model"):
+        TextDataModule("files", train_files=[train], val_files=[val], tokenizer="model")
+    (tmp_path / "bare").mkdir()
+    dm = TextDataModule("files", train_files=[train], val_files=[val], tokenizer="auto",
+                        model_name_or_path=str(tmp_path / "bare"), cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="bare has no tokenizer files"):
+        _ = dm.vocab_size
+
+
+def test_analyze_finds_the_auto_tokenizer_of_a_scratch_checkpoint(text_files, tmp_path):
+    """`data.tokenizer: auto` without a loaded model is corpus-bpe: `study analyze` rebuilds it from its cache."""
+    import yaml
+
+    from study.analysis.cli import checkpoint_tokenizer
+
+    train, val = text_files
+    data = dict(tokenizer="auto", source="files", train_files=[train], val_files=[val], vocab_size=300,
+                cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    tok = checkpoint_tokenizer(tmp_path / "run" / "checkpoints" / "last.ckpt", {"model_name_or_path": None})
+    assert tok is not None and len(tok) == 300

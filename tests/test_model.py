@@ -1,4 +1,4 @@
-"""GPT2Module: loading, validation, optimisation, logging."""
+"""CausalLMModule (alias GPT2Module): loading, validation, optimisation, logging."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from study.attention import AttentionSpec, current_spec
-from study.model import GPT2Module, warmup_cosine
+from study.model import CausalLMModule, GPT2Module, warmup_cosine
 
 TINY = dict(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
 
@@ -97,3 +97,61 @@ def test_training_at_low_temperature_stays_finite(precision):
     trainer.fit(module, train_dataloaders=batches())
     assert all(p.isfinite().all() for p in module.parameters())
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def test_loaded_model_trains_with_its_dropout_active(tmp_path):
+    """`from_pretrained` returns eval mode; the module must fine-tune with the config's dropout on."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64,
+                        resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "drop")
+    module = CausalLMModule(model_name_or_path=str(tmp_path / "drop"), vocab_size=64, warmup_steps=1)
+    seen = {}
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            dropouts = [m for m in pl_module.model.modules() if isinstance(m, torch.nn.Dropout)]
+            seen["modes"] = {m.training for m in pl_module.model.modules()}
+            seen["dropouts"] = len(dropouts)
+            with torch.no_grad():
+                a, b = (pl_module.model(input_ids=batch["input_ids"]).logits for _ in range(2))
+            seen["differ"] = not torch.allclose(a, b)
+
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[Probe()], default_root_dir=tmp_path)
+    trainer.fit(module, batches())
+    assert seen["dropouts"] > 0 and seen["modes"] == {True}
+    assert seen["differ"]  # two passes over the same batch differ: dropout is sampling
+
+
+def test_gpt2module_is_the_causal_lm_module():
+    assert GPT2Module is CausalLMModule
+
+
+def test_short_model_names_are_resolved(tmp_path, monkeypatch):
+    """`model_name_or_path` goes through `study.pretrained.resolve_model` (a short name -> a local folder)."""
+    import study.model
+
+    CausalLMModule(**TINY).model.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setattr(study.model, "resolve_model", lambda name: str(tmp_path / name))
+    module = CausalLMModule(model_name_or_path="tiny", vocab_size=64)
+    assert module.model.config.n_layer == 2 and module.hparams.model_name_or_path == "tiny"
+
+
+def test_attention_only_fine_tuning_trains_exactly_the_attention_parameters():
+    from study.attention import attention_modules
+
+    module = CausalLMModule(trainable="attention", warmup_steps=1, **TINY)
+    attention = {id(p) for m in attention_modules(module.model) for p in m.parameters()}
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    assert trainable == attention and len(trainable) > 0
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, batches())
+    changed = {n for n, p in module.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".attn." in n for n in changed)
+    assert {n for n in before if ".attn." in n and n.endswith("weight")} <= changed
+    with pytest.raises(ValueError, match="trainable='mlp'"):
+        CausalLMModule(trainable="mlp", **TINY)

@@ -151,12 +151,13 @@ def test_bad_specs_fail_before_any_run(tmp_path, capsys, grid, extra, message):
 
 
 def test_default_and_hub_sweeps_parse():
-    plan = build_plan(ROOT / "configs" / "sweeps" / "default.yaml")
+    plan = build_plan(ROOT / "configs" / "sweeps" / "small-gpt2.yaml")
     assert len(plan.runs) == 30 and plan.pretrain is not None
     assert "T0.1_k4_softmax_s0" in [r.name for r in plan.runs]
     assert any(a == f"--model.model_name_or_path={plan.pretrain.dir / 'hf'}" for a in plan.runs[0].args)
-    quick = build_plan(ROOT / "configs" / "sweeps" / "default.yaml", quick=True)
-    assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    quick = build_plan(ROOT / "configs" / "sweeps" / "small-gpt2.yaml", quick=True)
+    assert len(quick.runs) == 4 and quick.sweep_dir.name == "small-gpt2-quick"
+    # The main job (configs/sweeps/default.yaml, SmolLM2) is checked in tests/test_main_job.py.
     normalizers = build_plan(ROOT / "configs" / "sweeps" / "normalizers.yaml")
     assert len(normalizers.runs) == 20
     assert {r.params["normalizer"] for r in normalizers.runs} == {

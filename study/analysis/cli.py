@@ -1,6 +1,6 @@
 """`study analyze`: the paper's analyses (Algorithms 1-5, Lemma 1) on a model and a text, from the command line.
 
-    study analyze --model <hub name | local HF dir | GPT2Module .ckpt> --text <file | shakespeare>
+    study analyze --model <hub name | smollm2-135m | local HF dir | CausalLMModule .ckpt> --text <file | shakespeare>
                   [--tokenizer gpt2|DIR] [--lengths L ...] [--ns N ...] [--temperatures T ...]
                   [--vectors value|hidden] [--out DIR] [--max-length L] [--layers I ...]
                   [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S] [--threads N]
@@ -27,7 +27,8 @@ class AnalyzeError(ValueError):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="study analyze", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True,
-                   help="hub name (e.g. gpt2), a local Hugging Face model directory, or a GPT2Module .ckpt")
+                   help="hub name (e.g. gpt2), an embedded model (smollm2-135m, offline), a local Hugging Face model "
+                        "directory, or a CausalLMModule .ckpt")
     p.add_argument("--text", required=True, help="a text file, or 'shakespeare' (held-out plays of the embedded corpus)")
     p.add_argument("--tokenizer", default=None,
                    help="'gpt2' or a tokenizer directory (default: the model's own, or one saved beside the checkpoint)")
@@ -194,12 +195,17 @@ def checkpoint_tokenizer(ckpt: Path, hparams: dict):
             name = data.get("tokenizer")
             if name == "gpt2" or (name and _is_tokenizer_dir(Path(name))):
                 return load_tokenizer(name)
-            if name == "corpus-bpe":
+            # "auto" without a loaded model is corpus-bpe (study.data); with one, the model's folder below.
+            if name == "corpus-bpe" or (name == "auto" and not hparams.get("model_name_or_path")):
                 from study.data import TextDataModule
 
                 keys = ("source", "dataset", "dataset_config", "train_files", "val_files", "vocab_size", "cache_dir")
                 return TextDataModule(tokenizer="corpus-bpe", **{k: data[k] for k in keys if k in data}).tokenizer
     base = hparams.get("model_name_or_path")
+    if base:
+        from study.pretrained import resolve_model
+
+        base = resolve_model(base)  # an embedded short name (e.g. smollm2-135m) -> its cached folder
     if base and _is_tokenizer_dir(Path(base)):
         return load_tokenizer(base)
     return None
@@ -342,6 +348,11 @@ def run(args) -> Path:
     from .run import PAPER_NS, analyze
 
     check_numbers(args)
+    from study.pretrained import EMBEDDED_MODELS, resolve_model
+
+    named = args.model
+    if named in EMBEDDED_MODELS or named.endswith(".gguf"):
+        args.model = resolve_model(named)  # materialised once into a cached local folder (offline)
     kind = model_kind(args.model)
     if args.tokenizer and args.tokenizer != "gpt2" and not _is_tokenizer_dir(Path(args.tokenizer)):
         raise AnalyzeError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
@@ -372,12 +383,12 @@ def run(args) -> Path:
             raise AnalyzeError(f"N={max([args.n_fixed, *(args.ns or [])])} exceeds L={longest} (the text's token count)")
     input_ids = torch.tensor(ids[:longest], device=args.device)[None]
 
-    out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(args.model, kind)
+    out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(named, kind if named == args.model else "hub")
     out = fresh_dir(out)
     results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
                       temperatures=args.temperatures, vectors=args.vectors, mc_samples=args.mc_samples,
                       seed=args.seed, layers=args.layers, show_progress=True)
-    results["source"] = {"model": args.model, "model_kind": kind, "text": args.text,
+    results["source"] = {"model": named, "model_kind": kind, "text": args.text,
                          "tokenizer": args.tokenizer or "the model's own", "device": args.device}
     paths = write_outputs(results, out, figures=args.figures)
     if args.tensorboard:

@@ -124,7 +124,12 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
 def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int) -> float | None:
     """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
     probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
-    args = [a for a in probe_run.args if not (a.startswith("--model.model_name_or_path=") and pretrain_todo)]
+    # Before pretraining, time a model of the same size from scratch (null, not the base config's model: that
+    # may be another model altogether, e.g. SmolLM2 under the small GPT-2 quick pipeline).
+    args = [
+        "--model.model_name_or_path=null" if (a.startswith("--model.model_name_or_path=") and pretrain_todo) else a
+        for a in probe_run.args
+    ]
     probe_run = Run(
         probe_run.index, probe_run.name, probe_run.dir, probe_run.params, args, probe_run.resolved
     )

@@ -45,7 +45,7 @@ TOP_KEYS = {
 PRETRAIN_KEYS = {"overrides"}
 QUICK_KEYS = {"grid", "overrides", "pretrain", "description"}
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}
-CHECKPOINT_KEYS = {"every_n_train_steps"}
+CHECKPOINT_KEYS = {"enabled", "every_n_train_steps"}
 GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
@@ -292,9 +292,9 @@ def build_plan(
         _check_keys("quick", q, QUICK_KEYS)
         overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
         grid_in.update(q.get("grid") or {})
-        if pretrain_spec is not None and q.get("pretrain") is not None:
+        if q.get("pretrain") is not None:  # a quick pipeline may pretrain even when the full one does not
             _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
-            pretrain_spec = copy.deepcopy(pretrain_spec)
+            pretrain_spec = copy.deepcopy(pretrain_spec or {})
             pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
         name = f"{name}-quick"
     notes: list[str] = []
@@ -322,6 +322,10 @@ def build_plan(
         # `checkpoint.every_n_train_steps`; it must not monitor a metric: Lightning skips a monitored checkpoint,
         # last.ckpt included, until that metric exists, so a run killed before its first validation could not resume.
         callbacks = copy.deepcopy((base_config.get("trainer") or {}).get("callbacks") or [])
+        if checkpoint.get("enabled", True) is False:
+            # No checkpoint files at all (a large model's are GB each): a killed run restarts from step 0.
+            callbacks = [cb for cb in callbacks if not cb.get("class_path", "").endswith("ModelCheckpoint")]
+            return _with_guard_and_extras(callbacks)
         resume = None
         for cb in callbacks:
             if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
@@ -337,7 +341,10 @@ def build_plan(
         if resume is None:
             resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
             callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
-        resume.update({k: v for k, v in checkpoint.items() if v is not None})
+        resume.update({k: v for k, v in checkpoint.items() if v is not None and k != "enabled"})
+        return _with_guard_and_extras(callbacks)
+
+    def _with_guard_and_extras(callbacks: list[dict]) -> list[dict]:
         # One guard per run: the spec's `guard` section replaces the base config's guard (or removes it).
         base_guards = [cb for cb in callbacks if cb.get("class_path", "").endswith("NonFiniteGuard")]
         if guard or not base_guards:

@@ -1,0 +1,91 @@
+"""`study bench` command line: arguments -> `Settings`, run, write bench.json / bench.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from study.bench.markdown import to_markdown, write
+from study.bench.run import run_benchmark
+from study.bench.shapes import GPU_SUITE, H100_BF16_PEAK_FLOPS, SHAPES, Settings
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    import study.bench
+
+    parser = argparse.ArgumentParser(prog="study bench", description=study.bench.__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke test: small model only, few steps (< 2 min)")
+    parser.add_argument("--out", default="logs/bench", help="folder for bench.json and bench.md")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated shapes from {sorted(SHAPES)} (default small,gpt2-vocab; quick: small)")
+    parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 8; quick 2)")
+    parser.add_argument("--chunk", type=int, default=None, help="steps per variant per round (default 4; quick 1)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 4; quick 1)")
+    parser.add_argument("--top-k", default="4,16,64", help="comma-separated k values")
+    parser.add_argument("--peak-flops", type=float, default=H100_BF16_PEAK_FLOPS,
+                        help="accelerator peak FLOP/s for MFU (default 989e12: H100/H200 SXM dense bf16)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", default=None, help="Lightning precision (default: bf16-mixed on GPU, 32-true on CPU)")
+    parser.add_argument("--gpu-suite", action="store_true",
+                        help="the prepared GPU command: GPT-2 124M (random init) at L = 512, 1024, 2048, bf16, "
+                             "parity of every path, fused and explicit step time, peak memory, MFU (about 6 min "
+                             "on one H100/H200); with --device cpu and --models it checks the structure")
+    parser.add_argument("--parity", action="store_true", help="also check every path against stock (on by "
+                        "default with --gpu-suite)")
+    parser.add_argument("--analysis-length", default=None, help="comma-separated L for the oracle comparison (default 512; quick 256)")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    default = ",".join(GPU_SUITE) if args.gpu_suite else ("small" if args.quick else "small,gpt2-vocab")
+    names = (args.models or default).split(",")
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown model shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available (use --device cpu)")
+    lengths = args.analysis_length or ("256" if args.quick else "512")
+    return Settings(
+        shapes=[SHAPES[n] for n in names],
+        rounds=args.rounds or (2 if args.quick else 8),
+        chunk=args.chunk or (1 if args.quick else 4),
+        warmup=args.warmup or (1 if args.quick else 4),
+        top_ks=tuple(int(k) for k in args.top_k.split(",")),
+        analysis_lengths=tuple(int(n) for n in lengths.split(",")),
+        analysis_repeats=2 if args.quick else 3,
+        peak_flops=args.peak_flops,
+        device=args.device,
+        precision=args.precision or ("bf16-mixed" if args.gpu_suite or args.device.startswith("cuda") else "32-true"),
+        parity=args.parity or args.gpu_suite,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import logging
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    settings = settings_from_args(args)
+    result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out))
+    json_path, md_path = write(result, args.out)
+    print(to_markdown(result))
+    print(f"[bench] wrote {json_path} and {md_path}")
+    failed = [r["name"] for m in result["models"] for r in m["rows"] if "error" in r]
+    if failed:
+        print(f"[bench] FAILED variants: {failed}", file=sys.stderr)
+        return 1
+    missed = [r["path"] for m in result["models"] for r in m.get("parity", []) if r["verdict"] != "PASS"]
+    if missed:
+        print(f"[bench] parity MISSED: {missed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

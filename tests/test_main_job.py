@@ -1,0 +1,79 @@
+"""The main job's spec (configs/sweeps/default.yaml on SmolLM2-135M): what the report's rules need, and that its
+`study fit` arguments parse. Nothing here loads the 135 M model (`--print_config` exits before the model is built).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from study.sweep import build_plan
+from tests.test_sweep import env
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "configs" / "sweeps" / "default.yaml"
+
+
+def _print_config(args: list[str]) -> dict:
+    result = subprocess.run([sys.executable, "-m", "study.cli", "fit", *args, "--print_config"], env=env(), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return yaml.safe_load(result.stdout)
+
+
+def test_main_job_grid_gives_the_report_what_it_needs():
+    plan = build_plan(MAIN)
+    temperatures = sorted({r.params["temperature"] for r in plan.runs})
+    seeds = {r.params["seed"] for r in plan.runs}
+    top_ks = {r.params["top_k"] for r in plan.runs}
+    assert len(temperatures) >= 3 and 1 in temperatures
+    ratios = [math.log(b / a) for a, b in zip(temperatures, temperatures[1:])]
+    assert max(ratios) / min(ratios) < 1.2  # log-spaced
+    assert len(seeds) >= 3
+    assert None in top_ks and 1 not in top_ks  # top-1 is identical across T by construction
+    assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(top_ks) * len(seeds)
+
+
+def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
+    plan = build_plan(MAIN)
+    run = next(r for r in plan.runs if r.params["top_k"] == 8 and r.params["temperature"] == 0.1)
+    config = _print_config(run.args)
+    assert config["model"]["model_name_or_path"] == "smollm2-135m"
+    assert config["data"]["tokenizer"] == "auto" and config["data"]["max_val_blocks"] is not None
+    trainer = config["trainer"]
+    assert trainer["gradient_clip_val"] is None
+    assert trainer["val_check_interval"] == trainer["max_steps"]  # validation at the end
+    assert trainer["enable_checkpointing"] is False
+    names = [cb["class_path"].rsplit(".", 1)[-1] for cb in trainer["callbacks"]]
+    assert "ModelCheckpoint" not in names and "NonFiniteGuard" in names
+    # Every monitor of configs/default.yaml is on, and logs at step 0 and every few steps.
+    default = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    monitors = {cb["class_path"].rsplit(".", 1)[-1] for cb in default["trainer"]["callbacks"]
+                if cb["class_path"].startswith("study.callbacks")}
+    assert monitors <= set(names)
+    for cb in trainer["callbacks"]:
+        every = (cb.get("init_args") or {}).get("every_n_steps")
+        if cb["class_path"].startswith("study.callbacks") and every is not None:
+            assert every <= trainer["max_steps"] // 2, cb
+    selection = next(cb for cb in trainer["callbacks"] if cb["class_path"].endswith("SelectionUniformityMonitor"))
+    assert 8 in selection["init_args"]["topk"]  # selection uniformity at the grid's fixed k
+
+
+def test_quick_is_the_small_gpt2_pipeline():
+    quick = build_plan(MAIN, quick=True)
+    assert quick.pretrain is not None and len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    pretrain = _print_config(quick.pretrain.args)
+    assert pretrain["model"]["model_name_or_path"] is None and pretrain["model"]["n_layer"] == 2
+    assert pretrain["model"]["trainable"] == "all"  # a model from scratch trains everything
+    assert all("--model.trainable=all" in r.args and "--model.n_layer=2" in r.args for r in quick.runs)
+    assert all(f"--model.model_name_or_path={quick.pretrain.dir / 'hf'}" in r.args for r in quick.runs)
+
+
+def test_fuller_smollm2_sweep_parses():
+    plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-full.yaml")
+    assert len(plan.runs) == 50 and len({r.params["seed"] for r in plan.runs}) == 5
+    assert all("--trainer.max_steps=60" in r.args for r in plan.runs)

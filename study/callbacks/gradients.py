@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -12,6 +13,7 @@ from torch import Tensor
 from study.attention import AttentionSpec
 from study.callbacks.base import TRAIN, Sums, TapMonitor
 from study.metrics import (
+    SATURATED,
     grouped_grad_norms,
     nonfinite_grad_count,
     sample_rows,
@@ -44,6 +46,9 @@ class GradientNormMonitor(TapMonitor):
     (for top-k rows, the Jacobian with respect to the selected keys' logits):
         ``attention/jacobian/layer_{l}``, ``attention/jacobian/mean`` (mean over sampled rows),
         ``attention/jacobian/max``, ``attention/jacobian/frac_above_quarter_T`` (rows above 1/(4T)),
+        ``attention/jacobian/frac_above_sqrt2`` (rows above sqrt 2: with 1/(4T), the paper's stated bound is
+        min(1/(4T), sqrt 2)), ``attention/jacobian/frac_saturated`` (sampled rows whose max weight exceeds 0.99:
+        their Jacobian is ~0 whatever T, so a 1/T law can only show on the others),
         ``attention/jacobian/bound_quarter_T`` = 1/(4T) (the paper's Corollary 3) and
         ``attention/jacobian/bound_half_T`` = 1/(2T) (the exact maximum), with T the smallest temperature seen.
     Validation epochs log the Jacobian tags under ``val/``. Only softmax layers contribute (top-k included):
@@ -111,9 +116,11 @@ class GradientNormMonitor(TapMonitor):
         width = max(rows.shape[-1] for _, rows, _ in pending)
         rows = torch.cat([F.pad(r.to(torch.float64), (0, width - r.shape[-1])) for _, r, _ in pending])
         inv_t = torch.cat([rows.new_full((r.shape[0],), 1.0 / t) for _, r, t in pending])
-        norms = (softmax_jacobian_norm(rows, 1.0) * inv_t).split([r.shape[0] for _, r, _ in pending])
+        sizes = [r.shape[0] for _, r, _ in pending]
+        norms = (softmax_jacobian_norm(rows, 1.0) * inv_t).split(sizes)
+        saturated = (rows.amax(-1) > SATURATED).to(torch.float64).split(sizes)
         one = torch.ones(1, dtype=torch.float64, device=rows.device)
-        for (layer, _, temperature), layer_norms in zip(pending, norms):
+        for (layer, _, temperature), layer_norms, layer_sat in zip(pending, norms, saturated):
             self.accumulate(
                 phase,
                 layer,
@@ -121,6 +128,8 @@ class GradientNormMonitor(TapMonitor):
                     "jacobian": layer_norms.sum().reshape(1),
                     "rows": one * layer_norms.numel(),
                     "above_quarter": (layer_norms > 1.0 / (4.0 * temperature)).sum().reshape(1).to(torch.float64),
+                    "above_sqrt2": (layer_norms > math.sqrt(2.0)).sum().reshape(1).to(torch.float64),
+                    "saturated": layer_sat.sum().reshape(1),
                     "jacobian_max": layer_norms.max().reshape(1) if layer_norms.numel() else one * 0.0,
                     "inv_temperature_max": one / temperature,
                 },
@@ -139,6 +148,8 @@ class GradientNormMonitor(TapMonitor):
             out["attention/jacobian/max"] = torch.stack([s["jacobian_max"].squeeze() for s in sums.values()]).max()
             above = torch.stack([s["above_quarter"].squeeze() for s in sums.values()]).sum()
             out["attention/jacobian/frac_above_quarter_T"] = above / total_rows
+            for key, tag in (("above_sqrt2", "frac_above_sqrt2"), ("saturated", "frac_saturated")):
+                out[f"attention/jacobian/{tag}"] = torch.stack([s[key].squeeze() for s in sums.values()]).sum() / total_rows
             inv_t = torch.stack([s["inv_temperature_max"].squeeze() for s in sums.values()]).max()
             out["attention/jacobian/bound_quarter_T"] = inv_t / 4
             out["attention/jacobian/bound_half_T"] = inv_t / 2

@@ -102,7 +102,7 @@ def test_one_over_t_finding_fails_on_saturated_rows(key):
 def test_probe_finding_uses_paired_batches():
     def probe(power):
         results = [
-            {"temperature": t, "saturated_fraction": 0.1, "batches": [{"grad_qk": t**power * (1 + 0.05 * b)} for b in range(4)]}
+            {"temperature": t, "saturated_fraction": 0.1, "batches": [{"grad_attn_qk": t**power * (1 + 0.05 * b)} for b in range(4)]}
             for t in TEMPS
         ]
         return {"model": "tiny", "results": results}

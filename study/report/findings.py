@@ -94,7 +94,7 @@ def _saturation_note(runs: list[Summary]) -> str:
 # ---- claim 5: gradient sensitivity ------------------------------------------------------------------------------
 def bound_findings(summaries: list[Summary]) -> list[Finding]:
     """Corollary 3 as stated, min(1/(4T), sqrt 2), one finding per T: the fraction of sampled rows above it."""
-    runs = [s for s in summaries if s.top_k != 1 and s.normalizer == "softmax"]
+    runs = k_all(summaries)
     out = []
     for t in sorted({s.temperature for s in runs}):
         key = S.ABOVE_QUARTER if 1 / (4 * t) <= math.sqrt(2) else S.ABOVE_SQRT2
@@ -104,7 +104,7 @@ def bound_findings(summaries: list[Summary]) -> list[Finding]:
             _judge(
                 f"5. |d alpha/d l| <= min(1/(4T), sqrt 2) at T={t:g} (= {bound})",
                 f"at most {fmt(BOUND_TOLERANCE)} of rows exceed it",
-                f"fraction of sampled validation rows above {bound}, mean over runs",
+                f"fraction of sampled validation rows above {bound}, mean over runs (k = all)",
                 BOUND_RULE,
                 lambda values=values: mean_interval(values),
             )
@@ -129,7 +129,7 @@ def probe_finding(probe: dict | None) -> Finding | None:
     """The probe's W_q/W_k gradient norm against T on a frozen model; bootstrap over the same batches at each T."""
     if not probe:
         return None
-    levels = {float(r["temperature"]): [b["grad_qk"] for b in r["batches"]] for r in probe.get("results", [])}
+    levels = {float(r["temperature"]): [b["grad_attn_qk"] for b in r["batches"]] for r in probe.get("results", [])}
     sat = {float(r["temperature"]): r.get("saturated_fraction") for r in probe.get("results", [])}
     finding = _judge(
         f"5. gradient sensitivity grows like 1/T (probe, {probe.get('model', '?')}, no training)",

@@ -118,7 +118,8 @@ def _selection(run: RunData) -> tuple[float | None, float | None]:
     if not series:
         return None, None
     log_k = math.log(tags.SELECTION_K)
-    return (series[-1][1] - series[0][1]) / log_k, series[-1][1] / log_k
+    drift = (series[-1][1] - series[0][1]) / log_k if len(series) >= 2 else None  # one point: no drift to measure
+    return drift, series[-1][1] / log_k
 
 
 def by_visible(run: RunData, prefix: str) -> dict[int, float]:

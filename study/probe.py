@@ -12,8 +12,8 @@ same few batches of text:
   the secular-equation solver) as a distribution (mean, 10/50/90th percentiles, max), the fraction of rows above
   1/(4T) and above sqrt 2 (the paper's stated bound is min(1/(4T), sqrt 2)), and the saturated fraction (max
   weight > 0.99: such rows have a Jacobian near 0 whatever T, which hides a 1/T law);
-* the largest eigenvalue of the loss Hessian restricted to W_q and W_k, by power iteration on Hessian-vector
-  products (double backward through the explicit attention path), on the first batch.
+* the spectral norm and the largest eigenvalue of the loss Hessian restricted to W_q and W_k, by power iteration
+  on Hessian-vector products (double backward through the explicit attention path), on the first batch.
 
 This is the most direct test of "gradients scale like 1/T": `study report` fits the log-log slope of the W_q/W_k
 gradient norm against T with a bootstrap over the batches when `<sweep>/probe/probe.json` exists.
@@ -21,7 +21,7 @@ gradient norm against T with a bootstrap over the batches when `<sweep>/probe/pr
 Writes `<out>/probe.json`, `<out>/probe.png` and TensorBoard scalars under `<out>/tensorboard` (step = index of T
 in the sorted grid; `probe/temperature` holds T at each step): `probe/loss`, `probe/grad_norm/{attn_q,attn_k,
 attn_qk,rest,total}`, `probe/jacobian/{mean,p10,p50,p90,max}`, `probe/jacobian/frac_above_quarter_T`,
-`probe/jacobian/frac_above_sqrt2`, `probe/saturated_fraction`, `probe/hessian_qk_top`.
+`probe/jacobian/frac_above_sqrt2`, `probe/saturated_fraction`, `probe/hessian_qk_norm`, `probe/hessian_qk_top`.
 
 Bad input (T <= 0, a model folder or name that does not exist, an empty or missing text) fails before the model
 is loaded, naming the value.
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=2, help="sequences per batch")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--jacobian-rows", type=int, default=64, help="attention rows sampled per layer and batch")
-    p.add_argument("--hessian-iterations", type=int, default=10, help="power iterations (0: no Hessian)")
+    p.add_argument("--hessian-iterations", type=int, default=10, help="power iterations per phase (0: no Hessian)")
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampler and the power iteration")
     p.add_argument("--out", required=True, help="output folder")
     return p
@@ -155,6 +155,14 @@ class RowSampler:
         self.sampled.append(sample_rows(weights.float(), allowed, self.rows, generator=self.generator).double())
 
 
+class ExplicitPath:
+    """A tap that observes nothing: while open, attention takes its explicit path (double backward works there;
+    the fused SDPA kernels do not support it)."""
+
+    def observe(self, layer, weights, allowed, spec) -> None:
+        pass
+
+
 def qk_masks(model: nn.Module) -> list[tuple[nn.Parameter, Tensor]]:
     """(parameter, 0/1 mask of its W_q / W_k entries) for every parameter that holds attention-logit weights."""
     from study.metrics import fused_qkv_split, parameter_kind
@@ -198,25 +206,39 @@ def jacobian_stats(rows: Tensor, temperature: float) -> dict[str, float]:
     }  # fmt: skip
 
 
-def hessian_top(model: nn.Module, batch: Tensor, iterations: int, generator: torch.Generator) -> float:
-    """Largest-magnitude eigenvalue of the loss Hessian restricted to W_q, W_k (power iteration, Rayleigh quotient).
+def _power(hvp, v: list[Tensor], iterations: int, shift: float = 0.0) -> tuple[list[Tensor], float]:
+    """Power iteration on (H + shift I); returns the last vector and |(H + shift I) v| for a unit v."""
+    norm = 0.0
+    for _ in range(iterations):
+        length = torch.sqrt(sum((x * x).sum() for x in v))
+        v = [x / length for x in v]
+        hv = [h + shift * x for h, x in zip(hvp(v), v)]
+        norm = float(torch.sqrt(sum((h * h).sum() for h in hv)))
+        v = [h.detach() for h in hv]
+    return v, norm
+
+
+def hessian_qk(model: nn.Module, batch: Tensor, iterations: int, generator: torch.Generator) -> tuple[float, float]:
+    """(spectral norm, largest eigenvalue) of the loss Hessian restricted to W_q, W_k, by power iteration.
 
     The restriction is the principal sub-matrix on the masked entries: each Hessian-vector product is masked.
+    The q-k cross terms make the spectrum nearly symmetric (eigenvalues in +- pairs), where plain power
+    iteration does not settle on one eigenvector; |H v| still converges to the spectral norm rho, and power
+    iteration on H + rho I (all eigenvalues >= 0) then gives the largest eigenvalue as its norm minus rho.
     """
     pairs = qk_masks(model)
     params, masks = [p for p, _ in pairs], [m for _, m in pairs]
     loss = model(input_ids=batch, labels=batch).loss
     grads = torch.autograd.grad(loss, params, create_graph=True)
-    v = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * m for p, m in pairs]
-    eigenvalue = 0.0
-    for _ in range(iterations):
-        norm = torch.sqrt(sum((x * x).sum() for x in v))
-        v = [x / norm for x in v]
+
+    def hvp(v: list[Tensor]) -> list[Tensor]:
         hv = torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True)
-        hv = [h * m for h, m in zip(hv, masks)]
-        eigenvalue = float(sum((h * x).sum() for h, x in zip(hv, v)))
-        v = [h.detach() for h in hv]
-    return eigenvalue
+        return [h * m for h, m in zip(hv, masks)]
+
+    v = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * m for p, m in pairs]
+    v, rho = _power(hvp, v, iterations)
+    _, shifted = _power(hvp, v, iterations, shift=rho)
+    return rho, shifted - rho
 
 
 def probe_temperature(model: nn.Module, batches: list[Tensor], temperature: float, args, generator) -> dict:
@@ -233,19 +255,19 @@ def probe_temperature(model: nn.Module, batches: list[Tensor], temperature: floa
         loss.backward()
         norms = gradient_norms(model)
         sampled += sampler.sampled
-        per_batch.append({"loss": float(loss), **{f"grad_{k}": v for k, v in norms.items()}})
+        per_batch.append({"loss": float(loss.detach()), **{f"grad_{k}": v for k, v in norms.items()}})
     model.zero_grad(set_to_none=True)
     width = max(r.shape[-1] for r in sampled)
     rows = torch.cat([nn.functional.pad(r, (0, width - r.shape[-1])) for r in sampled])
-    hessian = None
+    hessian = (None, None)
     if args.hessian_iterations:
-        with tapping(RowSampler(1, generator)):  # double backward needs the explicit path, not fused SDPA
-            hessian = hessian_top(model, batches[0], args.hessian_iterations, generator)
+        with tapping(ExplicitPath()):  # double backward needs the explicit attention path
+            hessian = hessian_qk(model, batches[0], args.hessian_iterations, generator)
     mean = {k: sum(b[k] for b in per_batch) / len(per_batch) for k in per_batch[0]}
     jac = jacobian_stats(rows, temperature)
     return {
         "temperature": temperature, **mean, "jacobian": jac, "saturated_fraction": jac["saturated_fraction"],
-        "hessian_qk_top": hessian, "batches": per_batch,
+        "hessian_qk_norm": hessian[0], "hessian_qk_top": hessian[1], "batches": per_batch,
     }  # fmt: skip
 
 
@@ -258,8 +280,9 @@ def scalars(result: dict) -> dict[str, float]:
     for key in ("mean", "p10", "p50", "p90", "max", "frac_above_quarter_T", "frac_above_sqrt2"):
         out[f"jacobian/{key}"] = result["jacobian"][key]
     out["saturated_fraction"] = result["saturated_fraction"]
-    if result["hessian_qk_top"] is not None:
-        out["hessian_qk_top"] = result["hessian_qk_top"]
+    for key in ("hessian_qk_norm", "hessian_qk_top"):
+        if result[key] is not None:
+            out[key] = result[key]
     return {TAG_PREFIX + k: float(v) for k, v in out.items()}
 
 
@@ -295,8 +318,8 @@ def write_figure(results: list[dict], out: Path) -> None:
     twin.set(ylim=(-0.02, 1.02), ylabel="saturated fraction (red)")
     axes[1].set(xscale="log", yscale="log", xlabel="temperature T", title="attention Jacobian on sampled rows")
     axes[2].plot(t, [r["loss"] for r in results], "o-", label="loss")
-    if all(r["hessian_qk_top"] is not None for r in results):
-        axes[2].plot(t, [abs(r["hessian_qk_top"]) for r in results], "s-", label="|top Hessian eigenvalue| (W_q, W_k)")
+    if all(r["hessian_qk_norm"] is not None for r in results):
+        axes[2].plot(t, [r["hessian_qk_norm"] for r in results], "s-", label="Hessian spectral norm (W_q, W_k)")
     axes[2].set(xscale="log", yscale="log", xlabel="temperature T", title="loss and curvature")
     for ax in axes:
         ax.legend(fontsize=7)

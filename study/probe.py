@@ -328,7 +328,7 @@ def write_figure(results: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def run_probe(args: argparse.Namespace, text: str) -> dict:
+def run_probe(args: argparse.Namespace, text: str, argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     batches = make_batches(tokenizer, text, args.batches, args.batch_size, args.seq_len)
@@ -337,7 +337,7 @@ def run_probe(args: argparse.Namespace, text: str) -> dict:
     return {
         "model": args.model, "text": args.text, "batches": args.batches, "batch_size": args.batch_size,
         "seq_len": args.seq_len, "jacobian_rows": args.jacobian_rows, "hessian_iterations": args.hessian_iterations,
-        "seed": args.seed, "seconds": round(time.perf_counter() - start, 1), "results": results,
+        "seed": args.seed, "seconds": round(time.perf_counter() - start, 1), "argv": argv, "results": results,
     }  # fmt: skip
 
 
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         text = check_args(args)
-        report = run_probe(args, text)
+        report = run_probe(args, text, argv=list(argv) if argv is not None else sys.argv[1:])
     except ProbeError as err:
         print(f"study probe: {err}", file=sys.stderr)
         return 2

@@ -142,3 +142,18 @@ def test_help_documents_the_verb(capsys):
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "Hessian" in text and "--temperatures" in text and "probe.json" in text
+
+
+def test_sweep_spec_probe_section(tmp_path):
+    from study.sweep.spec import SweepSpecError, build_plan
+
+    plan = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path))
+    assert plan.probe[:4] == ["--model", str(tmp_path / "default-quick" / "pretrain" / "hf"), "--out", str(tmp_path / "default-quick" / "probe")]
+    assert "--temperatures" in plan.probe and plan.probe[plan.probe.index("--batches") + 1] == "3"  # quick over main
+    spec = tmp_path / "bad.yaml"
+    for section, message in (("{temperatures: [0.1, 0]}", "probe.temperatures"), ("{steps: 3}", "unknown key(s) ['steps']"),
+                             ("{enabled: true}", "probe.model")):  # fmt: skip
+        spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nprobe: {section}\n")
+        (tmp_path / "base.yaml").write_text("model: {}\n")
+        with pytest.raises(SweepSpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            build_plan(spec)

@@ -157,7 +157,7 @@ def test_default_and_hub_sweeps_parse():
     assert "T0.1_k4_softmax_s0" in [r.name for r in plan.runs]
     assert any(a == f"--model.model_name_or_path={plan.pretrain.dir / 'hf'}" for a in plan.runs[0].args)
     quick = build_plan(ROOT / "configs" / "sweeps" / "default.yaml", quick=True)
-    assert len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    assert len(quick.runs) == 18 and quick.sweep_dir.name == "default-quick"  # 3 T x 2 k x 3 seeds
     normalizers = build_plan(ROOT / "configs" / "sweeps" / "normalizers.yaml")
     assert len(normalizers.runs) == 20
     assert {r.params["normalizer"] for r in normalizers.runs} == {"softmax", "sparsemax", "entmax15", "ssmax", "self_adjust"}

@@ -160,13 +160,20 @@ def dilution_finding(summaries: list[Summary]) -> Finding:
 def drift_finding(summaries: list[Summary]) -> Finding:
     from study.report import tags
 
-    values = [s.values.get(S.SELECTION_DRIFT) for s in k_all(summaries)]
+    runs = k_all(summaries)
+    values = [s.values.get(S.SELECTION_DRIFT) for s in runs]
+
+    def compute() -> Interval:
+        if runs and all(v is None for v in values):
+            raise TooFew(f"{len(runs)} runs, none with 2 logged training points of H(top-k)")
+        return mean_interval(values)
+
     return _judge(
         f"6. the selected set drifts towards uniform over training (fixed k={tags.SELECTION_K})",
         "no change",
         f"last - first H(top-{tags.SELECTION_K})/log {tags.SELECTION_K} on training steps, mean over runs (all T)",
         DRIFT_RULE,
-        lambda: mean_interval(values),
+        compute,
     )
 
 

@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from study import tags
+
 DEFAULT_TEMPERATURES = (0.01, 0.03, 0.1, 0.3, 1.0)
-TAG_PREFIX = "probe/"
 
 
 class ProbeError(ValueError):
@@ -283,7 +284,7 @@ def scalars(result: dict) -> dict[str, float]:
     for key in ("hessian_qk_norm", "hessian_qk_top"):
         if result[key] is not None:
             out[key] = result[key]
-    return {TAG_PREFIX + k: float(v) for k, v in out.items()}
+    return {tags.probe(k): float(v) for k, v in out.items()}
 
 
 def write_tensorboard(results: list[dict], out: Path) -> None:

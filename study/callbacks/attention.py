@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from study import tags
 from study.attention import AttentionSpec
 from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
 from study.metrics import VISIBLE_BINS, by_visible_sums, entropy_sums, finalize, summarize_rows
@@ -22,12 +23,12 @@ def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> 
     """`attention/{name}/layer_{l}` (mean over heads), optional `.../head_{h}`, and `attention/{name}/mean`."""
     out: dict[str, Tensor] = {}
     for layer, heads in sorted(per_layer.items()):
-        out[f"attention/{name}/layer_{layer}"] = nanmean(heads)
+        out[tags.attention(name, layer)] = nanmean(heads)
         if per_head:
             for h, value in enumerate(heads):
-                out[f"attention/{name}/layer_{layer}/head_{h}"] = value
+                out[tags.attention(name, layer, h)] = value
     if per_layer:
-        out[f"attention/{name}/mean"] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
+        out[tags.attention(name)] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
     return out
 
 
@@ -43,9 +44,9 @@ def _by_visible_means(binned: Sums) -> dict[str, Tensor]:
     for b in range(VISIBLE_BINS):
         if counts[b] <= 0:
             continue
-        out[f"attention/by_visible/max_weight/n{2**b}"] = total["by_n/max_weight"][b] / rows[b]
+        out[tags.by_visible("max_weight", 2**b)] = total["by_n/max_weight"][b] / rows[b]
         if b >= 1:
-            out[f"attention/by_visible/normalized_entropy/n{2**b}"] = total["by_n/normalized_entropy"][b] / rows[b]
+            out[tags.by_visible("normalized_entropy", 2**b)] = total["by_n/normalized_entropy"][b] / rows[b]
     return out
 
 
@@ -104,7 +105,7 @@ class AttentionEntropyMonitor(TapMonitor):
         heads = heads[~heads.isnan()]
         if heads.numel():
             for writer in tensorboard_writers(trainer):
-                writer.add_histogram(f"{prefix}attention/normalized_entropy/heads", heads, step)
+                writer.add_histogram(prefix + tags.ENTROPY_HEADS_HISTOGRAM, heads, step)
 
 
 class SelectionUniformityMonitor(TapMonitor):
@@ -183,7 +184,8 @@ class SelectionUniformityMonitor(TapMonitor):
             names += [f"topk_mass/{k}", f"selection_tv/{k}", f"selection_entropy/{k}"]
         out: dict[str, Tensor] = {}
         for name in names:
-            tag = name.replace("/", "_k")  # topk_mass/4 -> topk_mass_k4
+            stat, _, k = name.partition("/")
+            tag = tags.topk_statistic(stat, int(k)) if k else stat  # topk_mass/4 -> topk_mass_k4
             out.update(_layer_and_mean(tag, {layer: m[name] for layer, m in means.items()}, self.per_head))
         out.update(_by_visible_means(binned))
         return out
@@ -268,7 +270,7 @@ class AttentionMapMonitor(TapMonitor):
         for writer in tensorboard_writers(trainer):
             for layer, per_head in sorted(maps.items()):
                 for h, w in per_head.items():
-                    writer.add_image(f"attention_map/layer_{layer}/head_{h}", self.image(w), step, dataformats="CHW")
+                    writer.add_image(tags.attention_map(layer, h), self.image(w), step, dataformats="CHW")
         self.val_logs += 1
         self.last_logged_step = step
 

@@ -102,7 +102,7 @@ def sensitivity(summaries: list[Summary], out: Path) -> str | None:
 def dilution(summaries: list[Summary], out: Path) -> str | None:
     """Lemma 1 in training: validation max weight vs the visible count n, one line per run (k = all)."""
     runs = [s for s in k_all(summaries) if s.run is not None]
-    data = [(s, S.by_visible(s.run, tags.BY_VISIBLE_MAX_WEIGHT)) for s in runs]
+    data = [(s, S.last_by_group(s.run, tags.BY_VISIBLE_MAX_WEIGHT)) for s in runs]
     data = [(s, d) for s, d in data if d]
     if not data:
         return None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from study.report import summary as S
+from study.report import tags
 from study.report.stats import (
     INCONCLUSIVE,
     Interval,
@@ -158,8 +159,6 @@ def dilution_finding(summaries: list[Summary]) -> Finding:
 
 
 def drift_finding(summaries: list[Summary]) -> Finding:
-    from study.report import tags
-
     runs = k_all(summaries)
     values = [s.values.get(S.SELECTION_DRIFT) for s in runs]
 

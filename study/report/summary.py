@@ -7,6 +7,7 @@ the findings never read event files themselves.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +115,7 @@ def _val_or_train(run: RunData, val_tag: str, train_tag: str | None = None) -> f
 
 def _selection(run: RunData) -> tuple[float | None, float | None]:
     """(last - first, last) of the training-step H(top-k)/log k at k = tags.SELECTION_K."""
-    series = run.series(tags.SELECTION_ENTROPY.format(k=tags.SELECTION_K))
+    series = run.series(tags.SELECTION_ENTROPY)
     if not series:
         return None, None
     log_k = math.log(tags.SELECTION_K)
@@ -122,12 +123,13 @@ def _selection(run: RunData) -> tuple[float | None, float | None]:
     return drift, series[-1][1] / log_k
 
 
-def by_visible(run: RunData, prefix: str) -> dict[int, float]:
-    """{n: value} of the last logged point of every ``prefix + n`` tag."""
+def last_by_group(run: RunData, regex: str) -> dict[int, float]:
+    """{int(group 1): last logged value} of every tag matching ``regex`` (e.g. the Lemma 1 bins by n)."""
     out = {}
     for tag, series in run.scalars.items():
-        if tag.startswith(prefix) and tag[len(prefix) :].isdigit() and series:
-            out[int(tag[len(prefix) :])] = series[-1][1]
+        match = re.match(regex, tag)
+        if match and series:
+            out[int(match.group(1))] = series[-1][1]
     return dict(sorted(out.items()))
 
 
@@ -138,7 +140,7 @@ def _values(run: RunData) -> dict[str, Any]:
     ]
     maxima = [m for m in maxima if m is not None]
     drift, final_sel = _selection(run)
-    bins = {n: v for n, v in by_visible(run, tags.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
+    bins = {n: v for n, v in last_by_group(run, tags.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
     return {
         GRAD_NORM: _median(grad),
         GRAD_QK: _median(_qk_series(run)),
@@ -178,13 +180,7 @@ def summarize(run: RunData) -> Summary:
 
 
 def _selection_by_k(run: RunData) -> dict[int, float]:
-    prefix, suffix = "val/attention/selection_entropy_k", "/mean"
-    out = {}
-    for tag, series in run.scalars.items():
-        middle = tag[len(prefix) : -len(suffix)]
-        if tag.startswith(prefix) and tag.endswith(suffix) and middle.isdigit() and series:
-            out[int(middle)] = series[-1][1]
-    return out
+    return last_by_group(run, tags.VAL_SELECTION_ENTROPY_BY_K)
 
 
 def dedupe(summaries: list[Summary]) -> list[Summary]:

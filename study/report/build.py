@@ -35,12 +35,16 @@ def report_text(
     """The markdown of report.md from what `build_report` gathered (no file access)."""
     states: dict[str, int] = {}
     for s in all_runs:
-        states[s.state] = states.get(s.state, 0) + 1
+        for _ in range(1 + len(s.same_as)):
+            states[s.state] = states.get(s.state, 0) + 1
+    merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
     parts = [
         f"# Sweep report: {title}",
         "",
-        f"{len(all_runs)} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f". Source: `{source}`.",
+        f"{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
+        + f". Source: `{source}`.",
         "",
         "## Findings",
         "",

@@ -100,25 +100,29 @@ def sensitivity(summaries: list[Summary], out: Path) -> str | None:
 
 
 def dilution(summaries: list[Summary], out: Path) -> str | None:
-    """Lemma 1 in training: validation max weight vs the visible count n, one line per run (k = all)."""
+    """Lemma 1 in training: validation max weight and H/log n vs the visible count n, one line per run (k = all)."""
     runs = [s for s in k_all(summaries) if s.run is not None]
-    data = [(s, S.last_by_group(s.run, tags.BY_VISIBLE_MAX_WEIGHT)) for s in runs]
-    data = [(s, d) for s, d in data if d]
+    data = [(s, S.last_by_group(s.run, tags.BY_VISIBLE_MAX_WEIGHT), S.last_by_group(s.run, tags.BY_VISIBLE_ENTROPY)) for s in runs]
+    data = [d for d in data if d[1]]
     if not data:
         return None
     plt = _plt()
-    temps = sorted({s.temperature for s, _ in data})
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for s, d in data:
-        ax.plot(list(d), list(d.values()), "o-", color=_color(s.temperature, temps), lw=1, label=f"T={s.temperature:g}")
-    ns = np.array(sorted({n for _, d in data for n in d}), dtype=float)
+    temps = sorted({s.temperature for s, _, _ in data})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for s, weight, entropy in data:
+        color = _color(s.temperature, temps)
+        ax.plot(list(weight), list(weight.values()), "o-", color=color, lw=1, label=f"T={s.temperature:g}")
+        ax2.plot(list(entropy), list(entropy.values()), "o-", color=color, lw=1, label=f"T={s.temperature:g}")
+    ns = np.array(sorted({n for _, d, _ in data for n in d}), dtype=float)
     ax.plot(ns, 1 / ns, "k--", lw=1, label="1/n (uniform)")
     ax.set(xscale="log", yscale="log", xlabel="visible keys n (bins of powers of 2)", ylabel="mean max weight")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    ax2.set(xscale="log", xlabel="visible keys n (bins of powers of 2)", ylabel="mean H / log n", ylim=(0, 1.02))
+    for a in (ax, ax2):
+        handles, labels = a.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        a.legend(unique.values(), unique.keys(), fontsize=7)
     _save(fig, out / "dilution_vs_n.png")
-    return "Lemma 1 in training: validation max weight vs visible keys n, one line per run (k = all)"
+    return "Lemma 1 in training: validation max weight and H / log n vs visible keys n, one line per run (k = all)"
 
 
 def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:

@@ -54,7 +54,8 @@ def per_t_table(summaries: list[Summary]) -> str:
         ("rows > sqrt 2", lambda s: s.values.get(S.ABOVE_SQRT2)),
         ("saturated (sampled)", lambda s: s.values.get(S.SATURATED)),
         ("saturated (all val rows)", lambda s: s.final.get(tags.SATURATED_ROWS)),
-        ("H(top-k)/log k", lambda s: s.values.get(S.SELECTION_FINAL)),
+        (f"H(top-{tags.SELECTION_K})/log {tags.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
+        (f"selection TV (k={tags.SELECTION_K}, val)", lambda s: s.final.get(tags.VAL_SELECTION_TV)),
         ("unstable", lambda s: float(s.unstable)),
     ]
     rows = []

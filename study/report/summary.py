@@ -158,7 +158,10 @@ def _values(run: RunData) -> dict[str, Any]:
 
 
 def summarize(run: RunData) -> Summary:
-    final_tags = (tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.NONZERO, tags.SATURATED_ROWS)
+    final_tags = (
+        tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.NONZERO, tags.SATURATED_ROWS,
+        tags.VAL_SELECTION_TV,
+    )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
     skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
     return Summary(

@@ -28,10 +28,12 @@ SATURATED_ROWS = t.val(t.attention("saturated"))  # rows with max weight > 0.99,
 # fixed-k uniformity of the selected set (training-step samples) and the Lemma 1 bins (validation)
 SELECTION_K = 4  # the fixed k of the selection findings (one of SelectionUniformityMonitor's `topk`)
 SELECTION_ENTROPY = t.attention(t.topk_statistic("selection_entropy", SELECTION_K))
+VAL_SELECTION_TV = t.val(t.attention(t.topk_statistic("selection_tv", SELECTION_K)))
 
 
 VAL_SELECTION_ENTROPY_BY_K = t.attention_mean_regex(r"selection_entropy_k(\d+)", t.VAL_PREFIX)  # group 1: k
 BY_VISIBLE_MAX_WEIGHT = t.by_visible_regex("max_weight", t.VAL_PREFIX)  # group 1: the bin's n
+BY_VISIBLE_ENTROPY = t.by_visible_regex("normalized_entropy", t.VAL_PREFIX)
 
 # GradientNormMonitor
 GRAD_NORM, GRAD_NORM_CLIPPED, GRAD_Q, GRAD_K = t.GRAD_NORM, t.GRAD_NORM_CLIPPED, t.GRAD_Q, t.GRAD_K

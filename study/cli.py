@@ -8,6 +8,7 @@
     study report logs/<sweep>                                      findings table and figures from the logs
     study analyze --model <hub | dir | .ckpt> --text <file | shakespeare>   the paper's Algorithms 1-5
     study bench [--quick]                                          speed and memory against stock transformers
+    study probe --model <dir | hub> --out <dir>                    loss, W_q/W_k gradients, Jacobian, Hessian vs T
 
 Verbs other than LightningCLI's are modules with their own `main(argv)` (`VERBS`), imported only when used.
 """
@@ -33,6 +34,7 @@ VERBS: dict[str, str] = {
     "report": "study.report",
     "analyze": "study.analysis.cli",
     "bench": "study.bench",
+    "probe": "study.probe",
 }
 
 

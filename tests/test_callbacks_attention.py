@@ -186,3 +186,27 @@ def test_attention_map_log_scale():
     assert fig.axes[1].get_ylabel() == "weight (log scale)"
     with pytest.raises(ValueError, match="queries, keys"):
         draw_attention_map(torch.ones(2, 2, 2))
+
+
+def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
+    """Every chart of the custom-scalars layout (built from study.tags) matches tags the monitors really log, and the
+    Lemma 1 bins are consistent: n = 1 rows have max weight 1, and the bins cover the causal row lengths 1..16."""
+    import re
+
+    from study.callbacks import GradientNormMonitor
+
+    monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, topk=(2,)),
+                GradientNormMonitor(every_n_steps=1, jacobian_rows=4)]  # fmt: skip
+    make_trainer(tmp_path, monitors, max_steps=2, gradient_clip_val=1.0).fit(
+        LlamaModule(AttentionSpec(temperature=0.5)), token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1)
+    )
+    logged = set(scalars(tmp_path))
+    for category, charts in custom_scalars_layout().items():
+        for chart, (_, regexes) in charts.items():
+            assert any(re.match(rx, tag) for rx in regexes for tag in logged), (category, chart)
+    values = scalars(tmp_path)
+    bins = sorted(int(t.rsplit("/n", 1)[1]) for t in logged if t.startswith("val/attention/by_visible/max_weight/"))
+    assert bins == [1, 2, 4, 8, 16]
+    assert values["val/attention/by_visible/max_weight/n1"][-1][1] == pytest.approx(1.0)
+    for tag in ("attention/saturated/mean", "attention/selection_entropy_k2/mean", "attention/jacobian/frac_saturated"):
+        assert 0.0 <= values[tag][0][1] <= math.log(2) + 1e-6, tag

@@ -24,10 +24,11 @@ def test_report_from_real_logs(tmp_path):
     assert report_main([str(sweep)]) == 0
     path = build_report(sweep)
     out = path.parent
-    for name in ("curves.png", "grad_norm_vs_T.png", "stability_vs_T.png", "ppl_heatmap.png", "attention_vs_k.png"):
+    for name in ("curves.png", "sensitivity_vs_T.png", "dilution_vs_n.png", "stability_vs_T.png", "ppl_heatmap.png",
+                 "attention_vs_T.png"):  # fmt: skip
         assert (out / name).stat().st_size > 1000, name
     text = path.read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| T")]
+    rows = [line for line in text.splitlines() if line.startswith("| T") and not line.startswith("| T |")]
     assert len(rows) == 4
     header = next(line for line in text.splitlines() if line.startswith("| run |"))
     cols = [c.strip() for c in header.strip("|").split("|")]
@@ -41,14 +42,19 @@ def test_report_from_real_logs(tmp_path):
             ("H/log n", "val/attention/normalized_entropy/mean"),
             ("KL uniform", "val/attention/kl_uniform/mean"),
         ):
-            assert math.isclose(float(cells[col]), scalars[tag][-1][1], rel_tol=1e-5), (cells["run"], col)
+            assert math.isclose(float(cells[col]), scalars[tag][-1][1], rel_tol=1e-3), (cells["run"], col)  # 4 digits
         grad = sorted(v for _, v in scalars["grad_norm/total"])  # the monitor's tag wins over the guard's
         median = (grad[(len(grad) - 1) // 2] + grad[len(grad) // 2]) / 2
-        assert math.isclose(float(cells["grad norm (median)"]), median, rel_tol=1e-5)
+        assert math.isclose(float(cells["grad norm (median)"]), median, rel_tol=1e-3)
         assert cells["state"] == "finished" and cells["steps"] == "6"
-    findings = text.split("## Findings")[1].split("## Runs")[0]
-    entropy_row = next(line for line in findings.splitlines() if "attention entropy rises" in line)
-    assert "fewer than 3 values of k at every T | inconclusive" in entropy_row  # 2 values of k: no rank test
+        # the new monitor tags reached the events: Lemma 1 bins, saturated rows, Jacobian rows above sqrt 2
+        assert "val/attention/by_visible/max_weight/n2" in scalars and "val/attention/saturated/mean" in scalars
+        assert "val/attention/jacobian/frac_above_sqrt2" in scalars
+    findings = text.split("## Findings")[1].split("## Sanity")[0]
+    slope_row = next(line for line in findings.splitlines() if "grow like 1/T in training" in line)
+    assert "too few: 2 levels" in slope_row and "| inconclusive |" in slope_row  # 2 values of T, 1 seed
+    sanity = text.split("## Sanity checks")[1].split("## Per temperature")[0]
+    assert "| pass |" in sanity and "FAIL" not in sanity
 
 
 def write_fake_run(sweep, name, params, scalars):

@@ -12,21 +12,40 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from study import tags
 from study.attention import AttentionSpec
 from study.callbacks.base import Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
-from study.metrics import entropy_sums, finalize, summarize_rows
+from study.metrics import VISIBLE_BINS, by_visible_sums, entropy_sums, finalize, summarize_rows
 
 
 def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
     """`attention/{name}/layer_{l}` (mean over heads), optional `.../head_{h}`, and `attention/{name}/mean`."""
     out: dict[str, Tensor] = {}
     for layer, heads in sorted(per_layer.items()):
-        out[f"attention/{name}/layer_{layer}"] = nanmean(heads)
+        out[tags.attention(name, layer)] = nanmean(heads)
         if per_head:
             for h, value in enumerate(heads):
-                out[f"attention/{name}/layer_{layer}/head_{h}"] = value
+                out[tags.attention(name, layer, h)] = value
     if per_layer:
-        out[f"attention/{name}/mean"] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
+        out[tags.attention(name)] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
+    return out
+
+
+def _by_visible_means(binned: Sums) -> dict[str, Tensor]:
+    """Mean over every layer, head and row of each visible-count bin: ``attention/by_visible/{stat}/n{2^b}``."""
+    if not binned or not all(binned.values()):
+        return {}
+    total = {key: sum(s[key].sum(0) for s in binned.values()) for key in next(iter(binned.values()))}
+    rows = total["by_n/rows"]
+    out: dict[str, Tensor] = {}
+    # Which bins hold rows is fixed by the sequence length; this one host read happens on logging steps only.
+    counts = rows.tolist()
+    for b in range(VISIBLE_BINS):
+        if counts[b] <= 0:
+            continue
+        out[tags.by_visible("max_weight", 2**b)] = total["by_n/max_weight"][b] / rows[b]
+        if b >= 1:
+            out[tags.by_visible("normalized_entropy", 2**b)] = total["by_n/normalized_entropy"][b] / rows[b]
     return out
 
 
@@ -85,7 +104,7 @@ class AttentionEntropyMonitor(TapMonitor):
         heads = heads[~heads.isnan()]
         if heads.numel():
             for writer in tensorboard_writers(trainer):
-                writer.add_histogram(f"{prefix}attention/normalized_entropy/heads", heads, step)
+                writer.add_histogram(prefix + tags.ENTROPY_HEADS_HISTOGRAM, heads, step)
 
 
 class SelectionUniformityMonitor(TapMonitor):
@@ -97,12 +116,21 @@ class SelectionUniformityMonitor(TapMonitor):
         ``max_weight``         the largest weight of the row;
         ``effective_support``  exp(H), the number of keys a uniform row with the same entropy covers;
         ``nonzero``            weights that are not exactly zero (the support of sparse normalisers / top-k);
+        ``saturated``          fraction of rows whose max weight exceeds 0.99 (their Jacobian is ~0 at any T);
         ``topk_mass_k{k}``     weight on the k largest entries, for each k in ``topk``;
         ``selection_tv_k{k}``  TV between the renormalised top-k weights and uniform over k (0 = the selected
-                               keys are weighted equally: the paper's "selection tends to uniform").
+                               keys are weighted equally: the paper's "selection tends to uniform");
+        ``selection_entropy_k{k}``  entropy (nats) of the renormalised top-k weights (log k = uniform). Within a
+                               run it is non-decreasing in k by construction; across T and over training it
+                               is a real measurement.
 
     Tags: ``attention/{statistic}/layer_{l}`` and ``attention/{statistic}/mean`` (``val/`` prefixed for
     validation epochs; ``.../layer_{l}/head_{h}`` with ``per_head``).
+
+    With ``by_visible`` (Lemma 1 in training), rows are also binned by their visible count n (bin 2^b holds
+    2^b <= n < 2^(b+1)) and the mean over all layers, heads and rows of each bin is logged:
+        ``attention/by_visible/max_weight/n{2^b}``, ``attention/by_visible/normalized_entropy/n{2^b}``
+    (bins without rows are not logged; n = 1 has no normalised entropy).
 
     Not logged: the geometric separability N_s/N of the paper's Theorem 2. It needs each key's value vector
     x_i and the attention output s = sum a_i x_i, and a tap only sees the weights; measure it offline
@@ -113,13 +141,14 @@ class SelectionUniformityMonitor(TapMonitor):
         validation: also aggregate over each validation epoch and log ``val/...``.
         topk: the k of the top-k statistics.
         per_head: also log one scalar per head.
+        by_visible: also log max weight and H / log n per bin of the visible count n.
 
     Example::
 
         trainer = L.Trainer(callbacks=[SelectionUniformityMonitor(every_n_steps=100, topk=(1, 8))])
     """
 
-    STATISTICS = ("kl_uniform", "tv_uniform", "max_weight", "effective_support", "nonzero")
+    STATISTICS = ("kl_uniform", "tv_uniform", "max_weight", "effective_support", "nonzero", "saturated")
 
     def __init__(
         self,
@@ -127,6 +156,7 @@ class SelectionUniformityMonitor(TapMonitor):
         validation: bool = True,
         topk: Sequence[int] = (1, 4, 16),
         per_head: bool = False,
+        by_visible: bool = True,
     ) -> None:
         super().__init__(every_n_steps, validation)
         topk = tuple(topk)
@@ -134,22 +164,29 @@ class SelectionUniformityMonitor(TapMonitor):
             raise ValueError(f"topk must be integers >= 1, got {topk!r}")
         self.topk = topk
         self.per_head = per_head
+        self.by_visible = by_visible
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        sums = summarize_rows(row_distribution(weights, spec), allowed, topk=self.topk)
+        rows = row_distribution(weights, spec)
+        sums = summarize_rows(rows, allowed, topk=self.topk)
         sums.pop("entropy")
         sums.pop("normalized_entropy")
+        if self.by_visible:
+            sums.update(by_visible_sums(rows, allowed))
         return sums
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
+        binned = {layer: {k: s.pop(k) for k in list(s) if k.startswith("by_n/")} for layer, s in sums.items()}
         means = {layer: finalize(s) for layer, s in sums.items()}
         names = list(self.STATISTICS)
         for k in self.topk:
-            names += [f"topk_mass/{k}", f"selection_tv/{k}"]
+            names += [f"topk_mass/{k}", f"selection_tv/{k}", f"selection_entropy/{k}"]
         out: dict[str, Tensor] = {}
         for name in names:
-            tag = name.replace("/", "_k")  # topk_mass/4 -> topk_mass_k4
+            stat, _, k = name.partition("/")
+            tag = tags.topk_statistic(stat, int(k)) if k else stat  # topk_mass/4 -> topk_mass_k4
             out.update(_layer_and_mean(tag, {layer: m[name] for layer, m in means.items()}, self.per_head))
+        out.update(_by_visible_means(binned))
         return out
 
 

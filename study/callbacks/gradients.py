@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -9,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from study import tags
 from study.attention import AttentionSpec
 from study.callbacks.base import TRAIN, Sums, TapMonitor
 from study.metrics import (
+    SATURATED,
     grouped_grad_norms,
     nonfinite_grad_count,
     sample_rows,
@@ -44,6 +47,9 @@ class GradientNormMonitor(TapMonitor):
     (for top-k rows, the Jacobian with respect to the selected keys' logits):
         ``attention/jacobian/layer_{l}``, ``attention/jacobian/mean`` (mean over sampled rows),
         ``attention/jacobian/max``, ``attention/jacobian/frac_above_quarter_T`` (rows above 1/(4T)),
+        ``attention/jacobian/frac_above_sqrt2`` (rows above sqrt 2: with 1/(4T), the paper's stated bound is
+        min(1/(4T), sqrt 2)), ``attention/jacobian/frac_saturated`` (sampled rows whose max weight exceeds 0.99:
+        their Jacobian is ~0 whatever T, so a 1/T law can only show on the others),
         ``attention/jacobian/bound_quarter_T`` = 1/(4T) (the paper's Corollary 3) and
         ``attention/jacobian/bound_half_T`` = 1/(2T) (the exact maximum), with T the smallest temperature seen.
     Validation epochs log the Jacobian tags under ``val/``. Only softmax layers contribute (top-k included):
@@ -111,9 +117,11 @@ class GradientNormMonitor(TapMonitor):
         width = max(rows.shape[-1] for _, rows, _ in pending)
         rows = torch.cat([F.pad(r.to(torch.float64), (0, width - r.shape[-1])) for _, r, _ in pending])
         inv_t = torch.cat([rows.new_full((r.shape[0],), 1.0 / t) for _, r, t in pending])
-        norms = (softmax_jacobian_norm(rows, 1.0) * inv_t).split([r.shape[0] for _, r, _ in pending])
+        sizes = [r.shape[0] for _, r, _ in pending]
+        norms = (softmax_jacobian_norm(rows, 1.0) * inv_t).split(sizes)
+        saturated = (rows.amax(-1) > SATURATED).to(torch.float64).split(sizes)
         one = torch.ones(1, dtype=torch.float64, device=rows.device)
-        for (layer, _, temperature), layer_norms in zip(pending, norms):
+        for (layer, _, temperature), layer_norms, layer_sat in zip(pending, norms, saturated):
             self.accumulate(
                 phase,
                 layer,
@@ -121,6 +129,8 @@ class GradientNormMonitor(TapMonitor):
                     "jacobian": layer_norms.sum().reshape(1),
                     "rows": one * layer_norms.numel(),
                     "above_quarter": (layer_norms > 1.0 / (4.0 * temperature)).sum().reshape(1).to(torch.float64),
+                    "above_sqrt2": (layer_norms > math.sqrt(2.0)).sum().reshape(1).to(torch.float64),
+                    "saturated": layer_sat.sum().reshape(1),
                     "jacobian_max": layer_norms.max().reshape(1) if layer_norms.numel() else one * 0.0,
                     "inv_temperature_max": one / temperature,
                 },
@@ -133,15 +143,17 @@ class GradientNormMonitor(TapMonitor):
         if sums:
             rows = {layer: s["rows"] for layer, s in sums.items()}
             for layer in sorted(sums):
-                out[f"attention/jacobian/layer_{layer}"] = (sums[layer]["jacobian"] / rows[layer]).squeeze()
+                out[tags.jacobian(f"layer_{layer}")] = (sums[layer]["jacobian"] / rows[layer]).squeeze()
             total_rows = torch.stack([r.squeeze() for r in rows.values()]).sum()
-            out["attention/jacobian/mean"] = torch.stack([s["jacobian"].squeeze() for s in sums.values()]).sum() / total_rows
-            out["attention/jacobian/max"] = torch.stack([s["jacobian_max"].squeeze() for s in sums.values()]).max()
+            out[tags.jacobian("mean")] = torch.stack([s["jacobian"].squeeze() for s in sums.values()]).sum() / total_rows
+            out[tags.jacobian("max")] = torch.stack([s["jacobian_max"].squeeze() for s in sums.values()]).max()
             above = torch.stack([s["above_quarter"].squeeze() for s in sums.values()]).sum()
-            out["attention/jacobian/frac_above_quarter_T"] = above / total_rows
+            out[tags.jacobian("frac_above_quarter_T")] = above / total_rows
+            for key, tag in (("above_sqrt2", "frac_above_sqrt2"), ("saturated", "frac_saturated")):
+                out[tags.jacobian(tag)] = torch.stack([s[key].squeeze() for s in sums.values()]).sum() / total_rows
             inv_t = torch.stack([s["inv_temperature_max"].squeeze() for s in sums.values()]).max()
-            out["attention/jacobian/bound_quarter_T"] = inv_t / 4
-            out["attention/jacobian/bound_half_T"] = inv_t / 2
+            out[tags.jacobian("bound_quarter_T")] = inv_t / 4
+            out[tags.jacobian("bound_half_T")] = inv_t / 2
         return out
 
     # ----- gradients ---------------------------------------------------------------------------------------
@@ -167,13 +179,13 @@ class GradientNormMonitor(TapMonitor):
         if not self._grad_due(trainer) or self._pre is not None:
             return
         named = [(n, p) for n, p in pl_module.named_parameters() if p.grad is not None]
-        pre = {f"grad_norm/{k}": v for k, v in grouped_grad_norms(named, by=self.by).items()}
+        pre = {tags.grad_norm(k): v for k, v in grouped_grad_norms(named, by=self.by).items()}
         # The total as clip_grad_norm_ computes it (norm of per-tensor norms), not the grouped sum of squares.
-        pre["grad_norm/total"] = total_grad_norm([p for _, p in named])
+        pre[tags.GRAD_NORM] = total_grad_norm([p for _, p in named])
         # Any NaN/inf element makes the total non-finite, so a finite total means a count of 0 without another
         # pass over every gradient (one host sync, on logging steps only).
-        total = pre["grad_norm/total"]
-        pre["grad_norm/nonfinite_count"] = (
+        total = pre[tags.GRAD_NORM]
+        pre[tags.GRAD_NORM_NONFINITE] = (
             torch.zeros((), dtype=torch.float64, device=total.device)
             if bool(torch.isfinite(total))
             else nonfinite_grad_count([p for _, p in named]).to(torch.float64)
@@ -181,7 +193,7 @@ class GradientNormMonitor(TapMonitor):
         n = self.per_parameter_every_n_steps
         if n is not None and trainer.global_step % n == 0:
             for name, p in named:
-                pre[f"grad_norm/param/{name}"] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+                pre[tags.grad_norm(f"param/{name}")] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
         self._pre = pre
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -196,8 +208,8 @@ class GradientNormMonitor(TapMonitor):
             return {}
         values = dict(pre)
         if post is not None:
-            values["grad_norm/total_clipped"] = post
-        device = values["grad_norm/total"].device
+            values[tags.GRAD_NORM_CLIPPED] = post
+        device = values[tags.GRAD_NORM].device
         flat = torch.stack([v.to(device=device, dtype=torch.float64).reshape(()) for v in values.values()])
         if trainer.world_size > 1:
             flat = trainer.strategy.reduce(flat, reduce_op="mean")

@@ -2,42 +2,56 @@
 
 from __future__ import annotations
 
+import re
+
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from study import tags
 from study.callbacks.base import tensorboard_writers
+from study.metrics import KINDS
+
+
+def _exact(*tag_names: str) -> list[str]:
+    return ["^" + re.escape(t) + "$" for t in tag_names]
 
 
 def custom_scalars_layout() -> dict[str, dict[str, list]]:
     """The layout `SummaryWriter.add_custom_scalars` takes: {category: {chart: ["Multiline", [tag regex, ...]]}}.
 
-    Tags are regular expressions, so the charts hold every layer whatever the model's depth.
+    Tags are regular expressions built from `study.tags`, so the charts hold every layer whatever the model's depth.
     """
     per_layer = {
-        "entropy per layer (nats)": r"^attention/entropy/layer_\d+$",
-        "normalised entropy per layer (1 = uniform)": r"^attention/normalized_entropy/layer_\d+$",
-        "KL to uniform per layer": r"^attention/kl_uniform/layer_\d+$",
-        "effective support per layer": r"^attention/effective_support/layer_\d+$",
-        "attention Jacobian per layer": r"^attention/jacobian/layer_\d+$",
+        "entropy per layer (nats)": "entropy",
+        "normalised entropy per layer (1 = uniform)": "normalized_entropy",
+        "KL to uniform per layer": "kl_uniform",
+        "effective support per layer": "effective_support",
+        "saturated rows per layer (max weight > 0.99)": "saturated",
+        "attention Jacobian per layer": "jacobian",
     }
+    kinds = "|".join(KINDS)
     layout: dict[str, dict[str, list]] = {
-        "attention (train)": {chart: ["Multiline", [regex]] for chart, regex in per_layer.items()},
+        "attention (train)": {c: ["Multiline", [tags.attention_layers_regex(s)]] for c, s in per_layer.items()},
         "attention (validation)": {
-            chart: ["Multiline", [regex.replace("^", "^val/", 1)]] for chart, regex in per_layer.items()
+            c: ["Multiline", [tags.attention_layers_regex(s, tags.VAL_PREFIX)]] for c, s in per_layer.items()
         },
         "gradients": {
-            "gradient norm before / after clipping": [
-                "Multiline",
-                [r"^grad_norm/total$", r"^grad_norm/total_clipped$"],
-            ],
+            "gradient norm before / after clipping": ["Multiline", _exact(tags.GRAD_NORM, tags.GRAD_NORM_CLIPPED)],
             "attention Jacobian vs 1/(4T) and 1/(2T)": [
                 "Multiline",
-                [r"^attention/jacobian/(mean|max)$", r"^attention/jacobian/bound_(quarter|half)_T$"],
+                _exact(*(tags.jacobian(s) for s in ("mean", "max", "bound_quarter_T", "bound_half_T"))),
             ],
-            "gradient norm per block": ["Multiline", [r"^grad_norm/block_(\d+|none)$"]],
-            "gradient norm per kind": [
+            "attention Jacobian: rows above the bound, saturated rows": [
                 "Multiline",
-                [r"^grad_norm/(attn_q|attn_k|attn_v|attn_out|attn_qkv|mlp|embedding|norm|head|normalizer|other)$"],
+                _exact(*(tags.jacobian(s) for s in tags.JACOBIAN_STATISTICS)),
+            ],
+            "gradient norm per block": ["Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
+            "gradient norm per kind": ["Multiline", ["^" + re.escape(tags.grad_norm("")) + f"({kinds})$"]],
+        },
+        "dilution (Lemma 1, validation)": {
+            "max weight by visible keys n": [
+                "Multiline",
+                [tags.by_visible_regex("max_weight", tags.VAL_PREFIX)],
             ],
         },
     }

@@ -16,11 +16,9 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from study import tags
 from study.attention import AttentionSpec, tapping
 from study.callbacks.base import tensorboard_writers
-
-MAP_TAG = "attention_map/layer_{layer}/head_{head}"
-"""TensorBoard image tag of one map."""
 
 
 def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False, floor: float = 1e-4):
@@ -168,7 +166,7 @@ class AttentionMapMonitor(Callback):
                 for head, (weights, temperature) in per_head.items():
                     title = f"layer {layer}, head {head}, T = {temperature:g}, step {step}"
                     fig = draw_attention_map(weights, title=title, log_scale=self.log_scale)
-                    writer.add_figure(MAP_TAG.format(layer=layer, head=head), fig, step, close=True)
+                    writer.add_figure(tags.attention_map(layer, head), fig, step, close=True)
                     plt.close(fig)
         self.val_logs += 1
         self.last_logged_step = step
@@ -191,4 +189,4 @@ class AttentionMapMonitor(Callback):
         self.last_logged_step = state_dict.get("last_logged_step", -1)
 
 
-__all__ = ["MAP_TAG", "AttentionMapMonitor", "draw_attention_map"]
+__all__ = ["AttentionMapMonitor", "draw_attention_map"]

@@ -31,9 +31,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from study import tags
+
 ACTIONS = ("stop", "skip")
-SKIPPED_TAG = "guard/skipped_steps"
-GRAD_NORM_TAG = "guard/grad_norm_preclip"
+SKIPPED_TAG = tags.GUARD_SKIPPED
+GRAD_NORM_TAG = tags.GUARD_GRAD_NORM
 
 
 class NonFiniteGuard(L.Callback):

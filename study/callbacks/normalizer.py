@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from study import tags
 from study.attention import Normalizer
 from study.callbacks.base import tensorboard_writers, write_scalars
 
@@ -58,8 +59,8 @@ class NormalizerParameterMonitor(Callback):
         if not params:
             return
         means = torch.stack([p.detach().float().mean() for p in params.values()]).tolist()
-        write_scalars(trainer, {f"normalizer/{tag}": value for tag, value in zip(params, means)}, step)
+        write_scalars(trainer, {tags.normalizer(tag): value for tag, value in zip(params, means)}, step)
         for writer in tensorboard_writers(trainer):
             for tag, param in params.items():
-                writer.add_histogram(f"normalizer/{tag.rsplit('/', 1)[0]}/heads/{tag.rsplit('/', 1)[1]}",
+                writer.add_histogram(tags.normalizer(f"{tag.rsplit('/', 1)[0]}/heads/{tag.rsplit('/', 1)[1]}"),
                                      param.detach().float().cpu(), step)

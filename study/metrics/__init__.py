@@ -5,7 +5,10 @@ hooks, and are unit-tested against closed forms and brute force.
 """
 
 from study.metrics.attention import (
+    SATURATED,
+    VISIBLE_BINS,
     as_distribution,
+    by_visible_sums,
     effective_support,
     entropy_sums,
     finalize,
@@ -15,11 +18,13 @@ from study.metrics.attention import (
     normalized_entropy,
     row_entropy,
     sample_rows,
+    selection_entropy,
     selection_uniformity,
     softmax_jacobian_norm,
     summarize_rows,
     topk_mass,
     tv_to_uniform,
+    visible_bin,
     visible_count,
 )
 from study.metrics.gradients import (
@@ -34,7 +39,10 @@ from study.metrics.gradients import (
 
 __all__ = [
     "KINDS",
+    "SATURATED",
+    "VISIBLE_BINS",
     "as_distribution",
+    "by_visible_sums",
     "block_index",
     "effective_support",
     "entropy_sums",
@@ -49,11 +57,13 @@ __all__ = [
     "parameter_kind",
     "row_entropy",
     "sample_rows",
+    "selection_entropy",
     "selection_uniformity",
     "softmax_jacobian_norm",
     "summarize_rows",
     "topk_mass",
     "total_grad_norm",
     "tv_to_uniform",
+    "visible_bin",
     "visible_count",
 ]

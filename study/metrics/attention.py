@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 # ---------------------------------------------------------------------------------------------------------
@@ -119,6 +120,29 @@ def _selection_tv_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Te
     return torch.where((n >= 1) & (mass > 0), tv, 0.0)
 
 
+def _selection_entropy_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Tensor:
+    """Entropy (nats) of the renormalised top-min(k, n) weights; 0 for rows with n = 0 or no selected mass.
+
+    For one fixed row this is non-decreasing in k (adding a key changes H by h(w) - (1 - w) H_k >= 0), so
+    comparing k within a run is a sanity check; comparing the same k across T or over training is not.
+    """
+    kk = min(k, top.shape[-1])
+    m = n.clamp(min=1, max=kk)
+    mass = cum.gather(-1, (m - 1).unsqueeze(-1)).squeeze(-1)
+    p = top[..., :kk] / mass.clamp(min=torch.finfo(top.dtype).tiny).unsqueeze(-1)
+    selected = torch.arange(kk, device=top.device) < m.unsqueeze(-1)
+    p = torch.where(selected, p, 0.0)
+    return torch.where((n >= 1) & (mass > 0), -torch.xlogy(p, p).sum(-1), 0.0)
+
+
+def selection_entropy(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
+    """Entropy (nats) of the renormalised top-k weights of each row (over min(k, n) keys); log k = uniform."""
+    kk = min(k, weights.shape[-1])
+    top = weights.topk(kk, dim=-1).values
+    n = visible_count(allowed).expand(weights.shape[:-1])
+    return _selection_entropy_from_sorted(top, top.cumsum(-1), n, k)
+
+
 def selection_uniformity(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
     """How uniform the selected set is: TV between the renormalised top-k weights and uniform over
     min(k, n) keys. 0 means the k selected keys carry equal weight (always so for k = 1); values near 1
@@ -128,6 +152,37 @@ def selection_uniformity(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
     top = weights.topk(kk, dim=-1).values
     n = visible_count(allowed).expand(weights.shape[:-1])
     return _selection_tv_from_sorted(top, top.cumsum(-1), n, k)
+
+
+SATURATED = 0.99  # a row is saturated when its largest weight exceeds this: its Jacobian is nearly 0 at any T
+VISIBLE_BINS = 16  # bins of the visible count n: bin b holds 2**b <= n < 2**(b+1) (up to 65535 keys)
+
+
+def visible_bin(n: Tensor) -> Tensor:
+    """Bin index floor(log2 n) of each visible count (n >= 1), clamped to VISIBLE_BINS - 1; n = 0 gives 0."""
+    return torch.log2(n.clamp(min=1).to(torch.float32)).floor().long().clamp(max=VISIBLE_BINS - 1)
+
+
+def by_visible_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
+    """Per-head sums of max weight and H / log n over rows binned by their visible count n (Lemma 1 in training).
+
+    Row t of causal attention sees t + 1 keys, so one forward pass holds every n from 1 to L: how the max weight
+    and the normalised entropy change with n is the dilution of the paper's Lemma 1 (max weight ~ 1/n for a
+    length-independent normaliser), measured on the trained model's own rows. Returns float64 tensors shaped
+    (H, VISIBLE_BINS): ``by_n/rows``, ``by_n/max_weight`` and ``by_n/normalized_entropy`` (bin 0 holds the n = 1
+    rows, whose normalised entropy is 0 / 0 and is left at 0). Bins are powers of two, so the cost is one
+    one-hot (B, H, Lq, 16) product per call: meant for logging steps.
+    """
+    w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+    onehot = F.one_hot(visible_bin(n), VISIBLE_BINS).to(torch.float64)  # (B, H, Lq, bins)
+    onehot = onehot * valid.unsqueeze(-1)
+    entropy = -torch.xlogy(w, w).sum(-1)
+    h_norm = torch.where(nondegenerate, entropy / log_n.clamp(min=math.log(2)), 0.0)
+    return {
+        "by_n/rows": onehot.sum((0, 2)),
+        "by_n/max_weight": (onehot * w.amax(-1).to(torch.float64).unsqueeze(-1)).sum((0, 2)),
+        "by_n/normalized_entropy": (onehot * h_norm.to(torch.float64).unsqueeze(-1)).sum((0, 2)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -228,7 +283,8 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
     rows                  rows with n >= 1 (the divisor of every statistic below but one)
     rows_nondegenerate    rows with n >= 2 (the divisor of normalized_entropy)
     entropy, normalized_entropy, kl_uniform, tv_uniform, max_weight, effective_support, nonzero,
-    topk_mass/{k}, selection_tv/{k}  for each k in `topk`.
+    saturated             1 for rows whose max weight exceeds SATURATED (0.99), so its mean is a fraction,
+    topk_mass/{k}, selection_tv/{k}, selection_entropy/{k}  for each k in `topk`.
 
     Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
     topk with the largest k whose values serve every k.
@@ -255,10 +311,12 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
         "max_weight": (top[..., 0], valid),
         "effective_support": (entropy.exp(), valid),
         "nonzero": (nonzero, valid),
+        "saturated": (top[..., 0] > SATURATED, valid),
     }
     for k in topk:
         per_row[f"topk_mass/{k}"] = (cum[..., min(k, kmax) - 1], valid)
         per_row[f"selection_tv/{k}"] = (_selection_tv_from_sorted(top, cum, n, k), valid)
+        per_row[f"selection_entropy/{k}"] = (_selection_entropy_from_sorted(top, cum, n, k), valid)
 
     return _head_sums(per_row, valid, nondegenerate)
 

@@ -1,41 +1,49 @@
-"""Every TensorBoard tag the report reads, in one place.
-
-The attention and gradient tags come from the monitor callbacks (`study.callbacks`: AttentionEntropyMonitor,
-SelectionUniformityMonitor, GradientNormMonitor). A tag that a sweep did not log makes the report say
-"not logged" (and the finding inconclusive), never a made-up number.
+"""The tags the report reads, named for what the findings use them for; every name is built by `study.tags`,
+which the monitors write with. A tag that a sweep did not log makes the report say so (and the finding
+inconclusive), never a made-up number.
 """
 
 from __future__ import annotations
 
-# written by GPT2Module
-TRAIN_LOSS = "train/loss"
-VAL_LOSS = "val/loss"
-VAL_PPL = "val/ppl"
+from study import tags as t
+
+TRAIN_LOSS, VAL_LOSS, VAL_PPL = t.TRAIN_LOSS, t.VAL_LOSS, t.VAL_PPL
 
 # AttentionEntropyMonitor / SelectionUniformityMonitor, aggregated over each validation epoch (held-out text,
 # every row, mean over layers and heads): the state of attention at the end of a run, measured the same way for
 # every setting. (The same statistics without the `val/` prefix are training-step samples.)
-ENTROPY = "val/attention/entropy/mean"
-NORMALIZED_ENTROPY = "val/attention/normalized_entropy/mean"
-KL_UNIFORM = "val/attention/kl_uniform/mean"
-TV_UNIFORM = "val/attention/tv_uniform/mean"
-NONZERO = "val/attention/nonzero/mean"  # keys with non-zero weight per row (sparse normalisers, top-k)
+ENTROPY = t.val(t.attention("entropy"))
+NORMALIZED_ENTROPY = t.val(t.attention("normalized_entropy"))
+KL_UNIFORM = t.val(t.attention("kl_uniform"))
+TV_UNIFORM = t.val(t.attention("tv_uniform"))
+NONZERO = t.val(t.attention("nonzero"))  # keys with non-zero weight per row (sparse normalisers, top-k)
 ATTENTION_TAGS = {
     ENTROPY: "row entropy H (nats)",
     NORMALIZED_ENTROPY: "H / log(visible) (1 = uniform)",
     KL_UNIFORM: "KL(alpha || uniform)",
     TV_UNIFORM: "TV(alpha, uniform)",
 }
+SATURATED_ROWS = t.val(t.attention("saturated"))  # rows with max weight > 0.99, every validation row
+
+# fixed-k uniformity of the selected set (training-step samples) and the Lemma 1 bins (validation)
+SELECTION_K = 4  # the fixed k of the selection findings (one of SelectionUniformityMonitor's `topk`)
+SELECTION_ENTROPY = t.attention(t.topk_statistic("selection_entropy", SELECTION_K))
+VAL_SELECTION_TV = t.val(t.attention(t.topk_statistic("selection_tv", SELECTION_K)))
+
+
+VAL_SELECTION_ENTROPY_BY_K = t.attention_mean_regex(r"selection_entropy_k(\d+)", t.VAL_PREFIX)  # group 1: k
+BY_VISIBLE_MAX_WEIGHT = t.by_visible_regex("max_weight", t.VAL_PREFIX)  # group 1: the bin's n
+BY_VISIBLE_ENTROPY = t.by_visible_regex("normalized_entropy", t.VAL_PREFIX)
 
 # GradientNormMonitor
-GRAD_NORM = "grad_norm/total"  # total gradient norm before clipping
-GRAD_NORM_CLIPPED = "grad_norm/total_clipped"  # after clipping
-JACOBIAN = "attention/jacobian/mean"  # attention Jacobian norm |d alpha / d l| on sampled rows
+GRAD_NORM, GRAD_NORM_CLIPPED, GRAD_Q, GRAD_K = t.GRAD_NORM, t.GRAD_NORM_CLIPPED, t.GRAD_Q, t.GRAD_K
+JACOBIAN, JACOBIAN_MAX = t.jacobian("mean"), t.jacobian("max")
+# validation epochs: the trained model on held-out text, the same rows for every setting
+VAL_JACOBIAN, VAL_JACOBIAN_MAX = t.val(JACOBIAN), t.val(JACOBIAN_MAX)
+FRAC_ABOVE_QUARTER_T = t.val(t.jacobian("frac_above_quarter_T"))
+FRAC_ABOVE_SQRT2 = t.val(t.jacobian("frac_above_sqrt2"))
+FRAC_SATURATED = t.val(t.jacobian("frac_saturated"))  # among the Jacobian's sampled rows
 
-# Written by study.callbacks.nonfinite.NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used
-# only when no gradient monitor logged GRAD_NORM.
-GUARD_GRAD_NORM = "guard/grad_norm_preclip"
-GUARD_SKIPPED = "guard/skipped_steps"
-
-# the pre-clip total gradient norm: first tag present wins
-GRAD_NORM_SOURCES = (GRAD_NORM, GUARD_GRAD_NORM)
+# NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used only when no gradient monitor logged it.
+GUARD_GRAD_NORM, GUARD_SKIPPED = t.GUARD_GRAD_NORM, t.GUARD_SKIPPED
+GRAD_NORM_SOURCES = (GRAD_NORM, GUARD_GRAD_NORM)  # the pre-clip total gradient norm: first tag present wins

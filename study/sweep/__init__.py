@@ -13,6 +13,7 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
     plan.json                    every run, its parameters, its `study fit` arguments and resolved settings
     pretrain/                    the pretraining run (if the sweep has one); pretrain/hf = save_pretrained model
     T0.1_k4_softmax_s0/          one run: TensorBoard events, config.yaml, hparams, checkpoints/, status.json, run.lock
+    probe/probe.json             `study probe` on the frozen model (the spec's `probe:` section; + figure, events)
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips
@@ -164,12 +165,13 @@ def _finish(plan: Plan, args, start: float) -> int:
             flush=True,
         )
         return 0
+    probe_ok = _run_probe(plan)
     if plan.report and not args.no_report:
         from study.report import build_report
 
         path = build_report(plan.sweep_dir)
         print(f"report: {path}", flush=True)
-    return 0 if all(s in FINAL_STATES for s in states) else 1
+    return 0 if all(s in FINAL_STATES for s in states) and probe_ok else 1
 
 
 def _checked_plan(args, rest: list[str]) -> Plan | int:
@@ -266,6 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run_in_process(todo, progress)
     return _finish(plan, args, start)
+
+
+def _run_probe(plan: Plan) -> bool:
+    """`study probe` with the spec's `probe:` options, unless probe.json from the same arguments exists."""
+    if not plan.probe:
+        return True
+    from study.probe import main as probe_main
+
+    done = plan.sweep_dir / "probe" / "probe.json"
+    if done.is_file() and json.loads(done.read_text()).get("argv") == plan.probe:
+        print(f"probe: cached ({done})", flush=True)
+        return True
+    print(f"probe -> {done.parent}", flush=True)
+    if probe_main(plan.probe) != 0:
+        print("study sweep: the probe failed; the report goes without it", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -41,9 +41,22 @@ TOP_KEYS = {
     "report",
     "quick",
     "threads",
+    "probe",
 }
 PRETRAIN_KEYS = {"overrides"}
-QUICK_KEYS = {"grid", "overrides", "pretrain", "description"}
+QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe"}
+# `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
+PROBE_OPTIONS = {
+    "model": "--model",
+    "text": "--text",
+    "temperatures": "--temperatures",
+    "batches": "--batches",
+    "batch_size": "--batch-size",
+    "seq_len": "--seq-len",
+    "jacobian_rows": "--jacobian-rows",
+    "hessian_iterations": "--hessian-iterations",
+    "seed": "--seed",
+}
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}
 CHECKPOINT_KEYS = {"enabled", "every_n_train_steps"}
 GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
@@ -91,6 +104,7 @@ class Plan:
     quick: bool
     threads: int | None = None
     notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
+    probe: list[str] | None = None  # `study probe` arguments (after pretraining, before the report)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +114,7 @@ class Plan:
             "quick": self.quick,
             "grid_keys": list(GRID_KEYS),
             "pretrain": self.pretrain.as_dict() if self.pretrain else None,
+            "probe": self.probe,
             "runs": [run.as_dict() for run in self.runs],
         }
 
@@ -259,6 +274,31 @@ def load_yaml(path: str | Path) -> Any:
         ) from None
 
 
+def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] | None:
+    """`study probe` arguments from the spec's `probe:` section (None when absent or `enabled: false`)."""
+    if section is None:
+        return None
+    _check_keys("probe", section, set(PROBE_OPTIONS) | {"enabled"})
+    if not section.get("enabled", True):
+        return None
+    temperatures = section.get("temperatures")
+    if temperatures is not None:
+        temperatures = temperatures if isinstance(temperatures, list) else [temperatures]
+        bad = [t for t in temperatures if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0]
+        if not temperatures or bad:
+            raise SweepSpecError(f"`probe.temperatures` must be numbers > 0, got {section.get('temperatures')!r}")
+    model = section.get("model") or default_model
+    if not model:
+        raise SweepSpecError("`probe.model` is required when the sweep has no pretraining and no model.model_name_or_path")
+    args = ["--model", str(model), "--out", str(out)]
+    for key, flag in PROBE_OPTIONS.items():
+        value = section.get(key)
+        if key == "model" or value is None:
+            continue
+        args += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    return args
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -285,6 +325,7 @@ def build_plan(
     overrides = _check_overrides("overrides", spec.get("overrides"))
     grid_in = dict(spec.get("grid") or {})
     pretrain_spec = spec.get("pretrain")
+    probe_spec = spec.get("probe")
     if quick:
         q = spec.get("quick")
         if not q:
@@ -296,6 +337,8 @@ def build_plan(
             _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
             pretrain_spec = copy.deepcopy(pretrain_spec or {})
             pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
+        if q.get("probe") is not None:
+            probe_spec = {**(spec.get("probe") or {}), **q["probe"]}
         name = f"{name}-quick"
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
@@ -422,6 +465,7 @@ def build_plan(
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
+    probe = probe_args(probe_spec, pretrained_path or overrides.get("model.model_name_or_path"), sweep_dir / "probe")
     return Plan(
         name,
         spec_path,
@@ -433,4 +477,5 @@ def build_plan(
         quick,
         threads,
         notes,
+        probe,
     )

@@ -1,0 +1,233 @@
+"""The report's figures. Each function draws one file and returns its caption, or None when nothing was logged."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from study.report import summary as S
+from study.report import tags
+from study.report.findings import k_all, per_t
+from study.report.summary import Summary
+
+STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1))]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(t: float, temps: list[float]):
+    import matplotlib.cm as cm
+
+    if len(temps) < 2:
+        return cm.viridis(0.0)
+    lo, hi = math.log(min(temps)), math.log(max(temps))
+    return cm.viridis((math.log(t) - lo) / (hi - lo))
+
+
+def _k_order(summaries: list[Summary]) -> list[str]:
+    return sorted({s.k_label for s in summaries}, key=lambda k: math.inf if k == "all" else int(k))
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+
+
+def curves(summaries: list[Summary], out: Path) -> str | None:
+    plt = _plt()
+    temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, tag in zip(axes, (tags.TRAIN_LOSS, tags.VAL_PPL)):
+        for s in summaries:
+            series = s.series(tag)
+            if series:
+                label = f"T={s.temperature:g} k={s.k_label} s={s.seed}"
+                ls = STYLES[ks.index(s.k_label) % len(STYLES)]
+                ax.plot(*zip(*series), color=_color(s.temperature, temps), ls=ls, lw=1, label=label)
+        ax.set_xlabel("step")
+        ax.set_title(tag)
+    axes[1].set_yscale("log")
+    axes[1].legend(fontsize=6, ncol=2, loc="upper right")
+    _save(fig, out / "curves.png")
+    return "train/loss and val/ppl per run (colour: T, line style: k)"
+
+
+def sensitivity(summaries: list[Summary], out: Path) -> str | None:
+    """Per-run W_q/W_k gradient, Jacobian and total gradient norms vs T, beside the saturated and above-bound rows."""
+    runs = k_all(summaries)
+    series = {
+        "|grad W_q, W_k| (median)": per_t(runs, lambda s: s.values.get(S.GRAD_QK)),
+        "total grad norm (median)": per_t(runs, lambda s: s.values.get(S.GRAD_NORM)),
+        "attention Jacobian (mean)": per_t(runs, lambda s: s.values.get(S.JACOBIAN)),
+    }
+    if not any(series.values()):
+        return None
+    plt = _plt()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    temps = sorted({s.temperature for s in runs})
+    grid = np.geomspace(min(temps), max(temps), 50)
+    for (label, data), marker in zip(series.items(), "os^"):
+        pts = [(t, v) for t, vs in data.items() for v in vs if v > 0]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, label=label, alpha=0.7)
+    for ref, style, label in ((1 / (4 * grid), "k--", "1/(4T)"), (1 / (2 * grid), "k:", "1/(2T)")):
+        ax.plot(grid, ref, style, lw=1, label=label)
+    ax.axhline(math.sqrt(2), color="grey", lw=1, ls="-.", label="sqrt 2")
+    ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="norm", title="sensitivity vs T (k = all)")
+    ax.legend(fontsize=7)
+    for key, label in (
+        (S.SATURATED, "saturated rows (max weight > 0.99)"),
+        (S.ABOVE_QUARTER, "rows above 1/(4T)"),
+        (S.ABOVE_SQRT2, "rows above sqrt 2"),
+    ):
+        data = per_t(runs, lambda s, key=key: s.values.get(key))
+        if data:
+            ax2.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=label)
+    ax2.set(xscale="log", xlabel="temperature T", ylabel="fraction of sampled rows", ylim=(-0.02, 1.02))
+    ax2.legend(fontsize=7)
+    _save(fig, out / "sensitivity_vs_T.png")
+    return "gradient and Jacobian norms vs T (left, one point per run) beside the saturated and above-bound rows (right)"
+
+
+def dilution(summaries: list[Summary], out: Path) -> str | None:
+    """Lemma 1 in training: validation max weight and H/log n vs the visible count n, one line per run (k = all)."""
+    runs = [s for s in k_all(summaries) if s.run is not None]
+    data = [(s, S.last_by_group(s.run, tags.BY_VISIBLE_MAX_WEIGHT), S.last_by_group(s.run, tags.BY_VISIBLE_ENTROPY)) for s in runs]
+    data = [d for d in data if d[1]]
+    if not data:
+        return None
+    plt = _plt()
+    temps = sorted({s.temperature for s, _, _ in data})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for s, weight, entropy in data:
+        color = _color(s.temperature, temps)
+        ax.plot(list(weight), list(weight.values()), "o-", color=color, lw=1, label=f"T={s.temperature:g}")
+        ax2.plot(list(entropy), list(entropy.values()), "o-", color=color, lw=1, label=f"T={s.temperature:g}")
+    ns = np.array(sorted({n for _, d, _ in data for n in d}), dtype=float)
+    ax.plot(ns, 1 / ns, "k--", lw=1, label="1/n (uniform)")
+    ax.set(xscale="log", yscale="log", xlabel="visible keys n (bins of powers of 2)", ylabel="mean max weight")
+    ax2.set(xscale="log", xlabel="visible keys n (bins of powers of 2)", ylabel="mean H / log n", ylim=(0, 1.02))
+    for a in (ax, ax2):
+        handles, labels = a.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        a.legend(unique.values(), unique.keys(), fontsize=7)
+    _save(fig, out / "dilution_vs_n.png")
+    return "Lemma 1 in training: validation max weight and H / log n vs visible keys n, one line per run (k = all)"
+
+
+def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
+    logged = [t for t in tags.ATTENTION_TAGS if any(s.final.get(t) is not None for s in summaries)]
+    if not logged:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(logged), figsize=(4.5 * len(logged), 4), squeeze=False)
+    for ax, tag in zip(axes[0], logged):
+        for k in _k_order(summaries):
+            data = per_t([s for s in summaries if s.k_label == k], lambda s, tag=tag: s.final.get(tag))
+            if data:
+                ax.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=f"k={k}")
+        ax.set(xscale="log", xlabel="temperature T")
+        ax.set_title(tags.ATTENTION_TAGS[tag], fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    _save(fig, out / "attention_vs_T.png")
+    return "final validation entropy and distance to uniform vs T (mean over seeds)"
+
+
+def stability(summaries: list[Summary], out: Path) -> str | None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    panels = (
+        ("loss spikes above 1.2 x step-0 loss (sum)", lambda s: s.values.get(S.SPIKES), sum),
+        ("diverged runs", lambda s: float(s.diverged), sum),
+        ("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean),
+    )
+    for ax, (title, value, reduce) in zip(axes, panels):
+        data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
+        if data:
+            ax.bar(range(len(data)), list(data.values()))
+            ax.set_xticks(range(len(data)), [f"{t:g}" for t in data])
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", transform=ax.transAxes)
+        ax.set_xlabel("temperature T")
+        ax.set_title(title, fontsize=9)
+    _save(fig, out / "stability_vs_T.png")
+    return "loss spikes, divergences and clipped steps vs T (all k)"
+
+
+def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
+    """Mean final val/ppl over seeds per (T, k); 'div' where every seed diverged."""
+    temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
+    grid = np.full((len(temps), len(ks)), np.nan)
+    text = [["" for _ in ks] for _ in temps]
+    for i, t in enumerate(temps):
+        for j, k in enumerate(ks):
+            cell = [s for s in summaries if s.temperature == t and s.k_label == k]
+            ppl = [p for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
+            if ppl:
+                grid[i, j] = float(np.exp(np.mean(np.log(ppl))))
+                text[i][j] = f"{grid[i, j]:.3g}"
+            elif cell and all(s.diverged for s in cell):
+                text[i][j] = "div"
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(1.3 * len(ks) + 3, 0.6 * len(temps) + 2))
+    im = ax.imshow(np.log10(grid), cmap="magma_r", aspect="auto")
+    for i in range(len(temps)):
+        for j in range(len(ks)):
+            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8, color="tab:blue")
+    ax.set_xticks(range(len(ks)), ks)
+    ax.set_yticks(range(len(temps)), [f"{t:g}" for t in temps])
+    ax.set(xlabel="top-k", ylabel="temperature T", title="final val/ppl, geometric mean over seeds (colour: log10)")
+    fig.colorbar(im, ax=ax)
+    _save(fig, out / "ppl_heatmap.png")
+    return "final validation perplexity, T x k (geometric mean over seeds; div = every seed diverged)"
+
+
+def normalizers(summaries: list[Summary], out: Path) -> str | None:
+    """Final val/ppl, H/log n and gradient norm vs T, one line per normaliser (mean over k and seeds)."""
+    plt = _plt()
+    names = sorted({s.normalizer for s in summaries})
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    panels = (
+        ("final val/ppl", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL)),
+        ("final H / log n (validation)", lambda s: s.final.get(tags.NORMALIZED_ENTROPY)),
+        ("median pre-clip grad norm", lambda s: s.values.get(S.GRAD_NORM)),
+    )
+    for ax, (label, value) in zip(axes, panels):
+        for name in names:
+            data = per_t([s for s in summaries if s.normalizer == name], value)
+            if data:
+                ax.plot(list(data), [float(np.median(v)) for v in data.values()], "o-", label=name)
+        ax.set(xscale="log", xlabel="temperature T")
+        ax.set_title(label, fontsize=9)
+    axes[0].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    _save(fig, out / "normalizers.png")
+    return "final val/ppl, H/log n and gradient norm vs T per normaliser"
+
+
+def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
+    """Every figure of the softmax runs; {file: caption} for those drawn."""
+    made = {}
+    for name, draw in (
+        ("curves.png", curves),
+        ("sensitivity_vs_T.png", sensitivity),
+        ("dilution_vs_n.png", dilution),
+        ("attention_vs_T.png", attention_vs_t),
+        ("stability_vs_T.png", stability),
+        ("ppl_heatmap.png", ppl_heatmap),
+    ):
+        caption = draw(summaries, out)
+        if caption:
+            made[name] = caption
+    return made

@@ -1,0 +1,128 @@
+"""report.md: findings and sanity checks, a per-temperature table with intervals, normalisers, runs, figures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from study.report import summary as S
+from study.report import tags
+from study.report.findings import Finding, SanityCheck, k_all
+from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, fmt, mean_interval
+from study.report.summary import Summary
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def findings_table(found: list[Finding]) -> str:
+    return table(
+        ["claim (paper.md)", "null", "statistic", "value [95% CI]", "verdict", "rule"],
+        [[f.claim, f.null, f.statistic, f.value, f.verdict, f.rule] for f in found],
+    )
+
+
+def sanity_table(checks: list[SanityCheck]) -> str:
+    status = {True: "pass", False: "FAIL", None: "not checked"}
+    return table(["statement (true by mathematics)", "measured", "result"], [[c.statement, c.value, status[c.passed]] for c in checks])
+
+
+def _cell(values: list[float]) -> str:
+    """Mean with a bootstrap interval from MIN_REPLICATES runs on, the plain mean (n) below that."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return "-"
+    try:
+        return str(mean_interval(values))
+    except TooFew:
+        return f"{fmt(float(np.mean(values)))} (n={len(values)})"
+
+
+def per_t_table(summaries: list[Summary]) -> str:
+    """One row per T over the k = all softmax runs: means over seeds with their intervals."""
+    runs = k_all(summaries)
+    columns: list[tuple[str, Callable[[Summary], float | None]]] = [
+        ("log val/ppl", lambda s: None if s.diverged or not s.final.get(tags.VAL_PPL) else math.log(s.final[tags.VAL_PPL])),
+        ("\\|grad W_q,W_k\\|", lambda s: s.values.get(S.GRAD_QK)),
+        ("Jacobian", lambda s: s.values.get(S.JACOBIAN)),
+        ("rows > 1/(4T)", lambda s: s.values.get(S.ABOVE_QUARTER)),
+        ("rows > sqrt 2", lambda s: s.values.get(S.ABOVE_SQRT2)),
+        ("saturated (sampled)", lambda s: s.values.get(S.SATURATED)),
+        ("saturated (all val rows)", lambda s: s.final.get(tags.SATURATED_ROWS)),
+        (f"H(top-{tags.SELECTION_K})/log {tags.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
+        (f"selection TV (k={tags.SELECTION_K}, val)", lambda s: s.final.get(tags.VAL_SELECTION_TV)),
+        ("unstable", lambda s: float(s.unstable)),
+    ]
+    rows = []
+    for t in sorted({s.temperature for s in runs}):
+        group = [s for s in runs if s.temperature == t]
+        cells = [_cell([value(s) for s in group]) for _, value in columns]
+        rows.append([f"{t:g}", str(len(group)), str(sum(s.diverged for s in group)), *cells])
+    return table(["T", "runs", "diverged", *[name for name, _ in columns]], rows)
+
+
+NORMALIZER_COLUMNS = ["normalizer", "runs", "diverged", "median val/ppl", "median H/log n", "median non-zero keys", "median grad norm"]
+
+
+def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
+    """One row per normaliser: medians over its runs (all T, k and seeds) of the final values."""
+
+    def med(values: list[float | None]) -> str:
+        values = [v for v in values if v is not None and math.isfinite(v)]
+        return fmt(float(np.median(values))) if values else "-"
+
+    rows = []
+    for name in sorted({s.normalizer for s in summaries}):
+        group = [s for s in summaries if s.normalizer == name]
+        rows.append(
+            [
+                name,
+                str(len(group)),
+                str(sum(s.diverged for s in group)),
+                med([s.final.get(tags.VAL_PPL) for s in group if not s.diverged]),
+                med([s.final.get(tags.NORMALIZED_ENTROPY) for s in group]),
+                med([s.final.get(tags.NONZERO) for s in group]),
+                med([s.values.get(S.GRAD_NORM) for s in group]),
+            ]
+        )
+    return rows
+
+
+RUN_COLUMNS = [
+    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", "train/loss", "val/loss", "val/ppl", "H/log n",
+    "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
+]  # fmt: skip
+
+
+def run_rows(summaries: list[Summary]) -> list[list[str]]:
+    rows = []
+    for s in summaries:
+        spikes = s.values.get(S.SPIKES)
+        rows.append(
+            [
+                s.name, f"{s.temperature:g}", s.k_label, s.normalizer, "" if s.seed is None else str(s.seed), s.state,
+                "" if s.steps is None else str(s.steps), fmt(s.clip) if s.clip else "off",
+                fmt(s.final.get(tags.TRAIN_LOSS)), fmt(s.final.get(tags.VAL_LOSS)), fmt(s.final.get(tags.VAL_PPL)),
+                fmt(s.final.get(tags.NORMALIZED_ENTROPY)), fmt(s.final.get(tags.KL_UNIFORM)),
+                fmt(s.values.get(S.GRAD_NORM)), fmt(s.values.get(S.CLIPPED)),
+                "" if spikes is None else str(spikes), str(s.skipped), s.reason, ", ".join(s.same_as),
+            ]
+        )  # fmt: skip
+    return rows
+
+
+def definitions() -> str:
+    return (
+        f"Intervals: {int(CONFIDENCE * 100)}% percentile bootstrap (scipy.stats.bootstrap, 9999 resamples, fixed seed) "
+        f"over runs (seeds) of a setting, or over text batches for the probe; fewer than {MIN_REPLICATES} replicates "
+        "per group gives no interval and an inconclusive verdict. "
+        f"A loss spike is a logged `{tags.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the run's own step-0 loss (or non-finite); "
+        "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
+        "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
+        "See docs/findings.md for each finding's null, statistic and rule."
+    )

@@ -1,0 +1,208 @@
+"""One `Summary` per run: the numbers the findings, tables and figures use, computed once from its scalars.
+
+A summary is plain data (`values` by name), so tests build synthetic runs directly as `Summary` objects and
+the findings never read event files themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from study.report import tags
+from study.report.read import RunData
+from study.report.stats import loglog_slope
+
+SPIKE_FACTOR = 1.2  # a spike: a logged training loss above this x the run's own step-0 loss (or non-finite)
+
+# names of `Summary.values`
+GRAD_NORM = "grad_norm"  # median pre-clip total gradient norm over logged steps
+GRAD_QK = "grad_qk"  # median over logged steps of sqrt(|g_Wq|^2 + |g_Wk|^2)
+JACOBIAN = "jacobian"  # final validation (else median training) mean attention Jacobian norm
+JACOBIAN_MAX = "jacobian_max"  # largest sampled Jacobian norm of the run (train and validation)
+ABOVE_QUARTER = "frac_above_quarter_T"
+ABOVE_SQRT2 = "frac_above_sqrt2"
+SATURATED = "frac_saturated"
+SELECTION_DRIFT = "selection_drift"  # last - first training H(top-k)/log k
+SELECTION_FINAL = "selection_final"  # final training H(top-k)/log k
+DILUTION_SLOPE = "dilution_slope"  # log-log slope of the validation max weight against the visible count n
+CLIPPED = "clipped_fraction"
+SPIKES = "spikes"
+
+
+@dataclass
+class Summary:
+    name: str
+    temperature: float
+    top_k: int | None
+    normalizer: str = "softmax"
+    seed: int | None = None
+    state: str = "finished"
+    steps: int | None = None
+    clip: float | None = None  # trainer.gradient_clip_val (None: no clipping)
+    final: dict[str, float | None] = field(default_factory=dict)  # last logged value per tag
+    values: dict[str, float | None] = field(default_factory=dict)
+    skipped: int = 0
+    reason: str = ""
+    run: RunData | None = None  # None for synthetic summaries
+    same_as: list[str] = field(default_factory=list)  # runs identical to this one by construction
+    selection_by_k: dict[int, float] = field(default_factory=dict)  # final validation H(top-k) (nats) per k
+
+    @property
+    def diverged(self) -> bool:
+        return self.state == "diverged"
+
+    @property
+    def k_label(self) -> str:
+        return "all" if self.top_k is None else str(self.top_k)
+
+    @property
+    def unstable(self) -> bool:
+        return self.diverged or (self.values.get(SPIKES) or 0) > 0 or self.skipped > 0
+
+    def series(self, tag: str) -> list[tuple[int, float]] | None:
+        return self.run.series(tag) if self.run is not None else None
+
+
+def _last(series: list[tuple[int, float]] | None) -> float | None:
+    return series[-1][1] if series else None
+
+
+def _median(series: list[tuple[int, float]] | None) -> float | None:
+    values = [v for _, v in series or [] if math.isfinite(v)]
+    return float(np.median(values)) if values else None
+
+
+def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
+    """Logged training losses above SPIKE_FACTOR x the run's step-0 (first logged) loss, or non-finite.
+
+    Counted from the first step on, so the steps right after the temperature switch are examined too.
+    """
+    if not series:
+        return None
+    reference = series[0][1]
+    if not math.isfinite(reference):
+        return len(series)
+    return sum(not math.isfinite(v) or v > SPIKE_FACTOR * reference for _, v in series[1:])
+
+
+def _qk_series(run: RunData) -> list[tuple[int, float]] | None:
+    q, k = run.series(tags.GRAD_Q), dict(run.series(tags.GRAD_K) or [])
+    if not q or not k:
+        return None
+    return [(s, math.hypot(v, k[s])) for s, v in q if s in k]
+
+
+def _clipped_fraction(run: RunData, grad: list[tuple[int, float]] | None) -> float | None:
+    if grad and run.series(tags.GRAD_NORM_CLIPPED):
+        after = dict(run.series(tags.GRAD_NORM_CLIPPED))
+        pairs = [(v, after[s]) for s, v in grad if s in after]
+        return sum(a < v * (1 - 1e-6) for v, a in pairs) / len(pairs) if pairs else None
+    if grad:
+        clip = run.setting("trainer.gradient_clip_val")
+        return (sum(v > float(clip) for _, v in grad) / len(grad)) if clip else 0.0
+    return None
+
+
+def _val_or_train(run: RunData, val_tag: str, train_tag: str | None = None) -> float | None:
+    value = _last(run.series(val_tag))
+    return value if value is not None or train_tag is None else _median(run.series(train_tag))
+
+
+def _selection(run: RunData) -> tuple[float | None, float | None]:
+    """(last - first, last) of the training-step H(top-k)/log k at k = tags.SELECTION_K."""
+    series = run.series(tags.SELECTION_ENTROPY)
+    if not series:
+        return None, None
+    log_k = math.log(tags.SELECTION_K)
+    drift = (series[-1][1] - series[0][1]) / log_k if len(series) >= 2 else None  # one point: no drift to measure
+    return drift, series[-1][1] / log_k
+
+
+def last_by_group(run: RunData, regex: str) -> dict[int, float]:
+    """{int(group 1): last logged value} of every tag matching ``regex`` (e.g. the Lemma 1 bins by n)."""
+    out = {}
+    for tag, series in run.scalars.items():
+        match = re.match(regex, tag)
+        if match and series:
+            out[int(match.group(1))] = series[-1][1]
+    return dict(sorted(out.items()))
+
+
+def _values(run: RunData) -> dict[str, Any]:
+    grad = next((run.series(t) for t in tags.GRAD_NORM_SOURCES if run.series(t)), None)
+    maxima = [_last(run.series(t)) for t in (tags.VAL_JACOBIAN_MAX,)] + [
+        v for _, v in run.series(tags.JACOBIAN_MAX) or []
+    ]
+    maxima = [m for m in maxima if m is not None]
+    drift, final_sel = _selection(run)
+    bins = {n: v for n, v in last_by_group(run, tags.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
+    return {
+        GRAD_NORM: _median(grad),
+        GRAD_QK: _median(_qk_series(run)),
+        JACOBIAN: _val_or_train(run, tags.VAL_JACOBIAN, tags.JACOBIAN),
+        JACOBIAN_MAX: max(maxima) if maxima else None,
+        ABOVE_QUARTER: _val_or_train(run, tags.FRAC_ABOVE_QUARTER_T),
+        ABOVE_SQRT2: _val_or_train(run, tags.FRAC_ABOVE_SQRT2),
+        SATURATED: _val_or_train(run, tags.FRAC_SATURATED),
+        SELECTION_DRIFT: drift,
+        SELECTION_FINAL: final_sel,
+        DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
+        CLIPPED: _clipped_fraction(run, grad),
+        SPIKES: count_spikes(run.series(tags.TRAIN_LOSS)),
+    }
+
+
+def summarize(run: RunData) -> Summary:
+    final_tags = (
+        tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.NONZERO, tags.SATURATED_ROWS,
+        tags.VAL_SELECTION_TV,
+    )  # fmt: skip
+    clip = run.setting("trainer.gradient_clip_val")
+    skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
+    return Summary(
+        name=run.name,
+        temperature=float(run.params.get("temperature", 1.0)),
+        top_k=run.params.get("top_k"),
+        normalizer=str(run.params.get("normalizer") or run.setting("model.attention.normalizer", "softmax")),
+        seed=run.params.get("seed"),
+        state=run.state,
+        steps=run.status.get("global_step"),
+        clip=float(clip) if clip else None,
+        final={t: _last(run.series(t)) for t in final_tags},
+        values=_values(run),
+        skipped=skipped,
+        reason=(run.status.get("reason") or "") if run.state != "finished" else "",
+        run=run,
+        selection_by_k=_selection_by_k(run),
+    )
+
+
+def _selection_by_k(run: RunData) -> dict[int, float]:
+    return last_by_group(run, tags.VAL_SELECTION_ENTROPY_BY_K)
+
+
+def dedupe(summaries: list[Summary]) -> list[Summary]:
+    """Keep one run of each set that is the same function by construction; the others go into `same_as`.
+
+    Softmax with top-1 is a one-hot row whatever T, so top-1 runs that share seed and normaliser compute the same
+    forward and backward at every temperature: counting them once per T would pool one measurement as several.
+    The kept run is the one with T closest to 1.
+    """
+    groups: dict[tuple, list[Summary]] = {}
+    out = []
+    for s in summaries:
+        if s.top_k == 1 and s.normalizer == "softmax":
+            groups.setdefault((s.seed, s.normalizer), []).append(s)
+        else:
+            out.append(s)
+    for members in groups.values():
+        keep = min(members, key=lambda s: abs(math.log(s.temperature)))
+        keep.same_as = [m.name for m in members if m is not keep]
+        out.append(keep)
+    order = {s.name: i for i, s in enumerate(summaries)}
+    return sorted(out, key=lambda s: order[s.name])

@@ -1,0 +1,106 @@
+"""Every TensorBoard tag the study writes, in one place: the monitors build their tags here, the custom-scalars
+layout builds its regular expressions here, and the report and the probe read the same names.
+
+No imports from the rest of the package: anything may import this module.
+
+Phases: training-step values carry no prefix; values aggregated over a validation epoch carry ``val/`` (`val`).
+"""
+
+from __future__ import annotations
+
+import re
+
+VAL_PREFIX = "val/"
+
+
+def val(tag: str) -> str:
+    """The validation-epoch version of a monitor tag."""
+    return VAL_PREFIX + tag
+
+
+# ---- the LightningModule ----------------------------------------------------------------------------------------
+TRAIN_LOSS = "train/loss"
+TRAIN_PPL = "train/ppl"
+VAL_LOSS = "val/loss"
+VAL_PPL = "val/ppl"
+
+
+# ---- attention monitors (AttentionEntropyMonitor, SelectionUniformityMonitor, GradientNormMonitor's Jacobian) ---
+def attention(statistic: str, layer: int | None = None, head: int | None = None) -> str:
+    """``attention/{statistic}/mean`` (all layers and heads), ``.../layer_{l}`` or ``.../layer_{l}/head_{h}``."""
+    if layer is None:
+        return f"attention/{statistic}/mean"
+    return f"attention/{statistic}/layer_{layer}" + ("" if head is None else f"/head_{head}")
+
+
+def attention_layers_regex(statistic: str, phase_prefix: str = "") -> str:
+    """A regular expression matching every ``attention/{statistic}/layer_{l}`` tag (the layout's charts)."""
+    return "^" + re.escape(phase_prefix + f"attention/{statistic}/layer_") + r"\d+$"
+
+
+def topk_statistic(name: str, k: int) -> str:
+    """The statistic name of a top-k quantity: ``topk_mass_k4``, ``selection_tv_k4``, ``selection_entropy_k4``."""
+    return f"{name}_k{k}"
+
+
+def attention_mean_regex(statistic_regex: str, phase_prefix: str = "") -> str:
+    """A regular expression for ``attention/{statistic}/mean`` where the statistic is itself a regex (with groups)."""
+    return "^" + re.escape(phase_prefix + "attention/") + statistic_regex + re.escape("/mean") + "$"
+
+
+def by_visible_prefix(statistic: str) -> str:
+    return f"attention/by_visible/{statistic}/n"
+
+
+def by_visible(statistic: str, n: int) -> str:
+    """Lemma 1 bins: ``attention/by_visible/{statistic}/n{n}`` for rows with n <= visible keys < 2n."""
+    return f"{by_visible_prefix(statistic)}{n}"
+
+
+def by_visible_regex(statistic: str, phase_prefix: str = "") -> str:
+    return "^" + re.escape(phase_prefix + by_visible_prefix(statistic)) + r"(\d+)$"
+
+
+ENTROPY_HEADS_HISTOGRAM = "attention/normalized_entropy/heads"
+
+
+def attention_map(layer: int, head: int) -> str:
+    return f"attention_map/layer_{layer}/head_{head}"
+
+
+# the Jacobian of the attention map, on sampled rows (GradientNormMonitor)
+def jacobian(statistic: str) -> str:
+    """``attention/jacobian/{statistic}``: mean, max, frac_above_quarter_T, frac_above_sqrt2, frac_saturated,
+    bound_quarter_T, bound_half_T, or ``layer_{l}``."""
+    return f"attention/jacobian/{statistic}"
+
+
+JACOBIAN_STATISTICS = ("frac_above_quarter_T", "frac_above_sqrt2", "frac_saturated")
+
+
+# ---- gradient norms (GradientNormMonitor) -----------------------------------------------------------------------
+def grad_norm(group: str) -> str:
+    """``grad_norm/{group}``: total, total_clipped, nonfinite_count, block_{i}, a parameter kind, ``param/{name}``."""
+    return f"grad_norm/{group}"
+
+
+GRAD_NORM = grad_norm("total")  # before clipping
+GRAD_NORM_CLIPPED = grad_norm("total_clipped")
+GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
+GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
+
+
+# ---- NonFiniteGuard ---------------------------------------------------------------------------------------------
+GUARD_SKIPPED = "guard/skipped_steps"
+GUARD_GRAD_NORM = "guard/grad_norm_preclip"
+
+
+# ---- NormalizerParameterMonitor ---------------------------------------------------------------------------------
+def normalizer(parameter: str) -> str:
+    return f"normalizer/{parameter}"
+
+
+# ---- study probe ------------------------------------------------------------------------------------------------
+def probe(quantity: str) -> str:
+    """``probe/{quantity}`` (loss, grad_norm/attn_qk, jacobian/p50, ...), one step per temperature."""
+    return f"probe/{quantity}"

@@ -1,4 +1,13 @@
-"""Two CPU processes (ddp_fork): every tag is written once, with the value reduced over both processes."""
+"""Two CPU processes (ddp_fork): every tag is written once, with the value reduced over both processes.
+
+The test forks, and forking a process whose earlier tests left torch's thread pools running can deadlock both
+ranks (seen after the architecture tests). So it runs in a fresh pytest process of its own.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +46,15 @@ def reference(tmp_path, indices) -> dict[str, float]:
 
 
 def test_two_processes_log_reduced_values_once(tmp_path):
+    if os.environ.get("STUDY_DDP_CHILD") != "1":
+        root = Path(__file__).resolve().parents[1]
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test_two_processes_log_reduced_values_once.__name__}",
+             "--basetemp", str(tmp_path / "child")],
+            env={**os.environ, "STUDY_DDP_CHILD": "1"}, cwd=root, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+        return
     monitors = [
         AttentionEntropyMonitor(every_n_steps=1),
         SelectionUniformityMonitor(every_n_steps=1),

@@ -65,7 +65,7 @@ def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
 
 def test_quick_is_the_small_gpt2_pipeline():
     quick = build_plan(MAIN, quick=True)
-    assert quick.pretrain is not None and len(quick.runs) == 4 and quick.sweep_dir.name == "default-quick"
+    assert quick.pretrain is not None and len(quick.runs) == 18 and quick.sweep_dir.name == "default-quick"  # 3 T x 2 k x 3 seeds
     pretrain = _print_config(quick.pretrain.args)
     assert pretrain["model"]["model_name_or_path"] is None and pretrain["model"]["n_layer"] == 2
     assert pretrain["model"]["trainable"] == "all"  # a model from scratch trains everything

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from study.report.read import dotted_get
+
 GRID_KEYS = ("temperature", "top_k", "normalizer", "seed")
 # grid key -> `study fit` argument it sets
 GRID_ARGS = {
@@ -289,7 +291,7 @@ def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] 
             raise SweepSpecError(f"`probe.temperatures` must be numbers > 0, got {section.get('temperatures')!r}")
     model = section.get("model") or default_model
     if not model:
-        raise SweepSpecError("`probe.model` is required when the sweep has no pretraining and no model.model_name_or_path")
+        raise SweepSpecError("`probe.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
     args = ["--model", str(model), "--out", str(out)]
     for key, flag in PROBE_OPTIONS.items():
         value = section.get(key)
@@ -465,7 +467,8 @@ def build_plan(
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
-    probe = probe_args(probe_spec, pretrained_path or overrides.get("model.model_name_or_path"), sweep_dir / "probe")
+    model = pretrained_path or overrides.get("model.model_name_or_path") or dotted_get(base_config, "model.model_name_or_path")
+    probe = probe_args(probe_spec, model, sweep_dir / "probe")
     return Plan(
         name,
         spec_path,

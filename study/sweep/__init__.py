@@ -43,6 +43,7 @@ from study.sweep.runner import (
     plan_estimate,
     probe,
     read_status,
+    run_console,
 )
 from study.sweep.schedule import (
     done,
@@ -87,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads per run (default: the spec's `threads`)"
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show each run's full output live (default: one line per run here, the rest in <run>/sweep.log)",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate, print the plan and exit")
     p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     p.add_argument(
@@ -122,7 +128,7 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     return None
 
 
-def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int) -> float | None:
+def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, quiet: bool = True) -> float | None:
     """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
     probe_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
     # Before pretraining, time a model of the same size from scratch (null, not the base config's model: that
@@ -135,7 +141,8 @@ def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int) -
         probe_run.index, probe_run.name, probe_run.dir, probe_run.params, args, probe_run.resolved
     )
     try:
-        timing = probe(probe_run)
+        with run_console(plan.sweep_dir / "estimate.log", quiet):
+            timing = probe(probe_run)
     except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
         print(f"no time estimate: the timing probe failed ({type(err).__name__}: {err})", flush=True)
         return None
@@ -241,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     estimate = None
     if (todo or pretrain_todo) and not args.no_estimate:
-        estimate = _estimate(plan, todo, pretrain_todo, args.parallel)
+        estimate = _estimate(plan, todo, pretrain_todo, args.parallel, quiet=not args.verbose)
     start = time.perf_counter()
     if plan.pretrain is not None:
         wait_for_pretraining(plan)
@@ -266,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess_mode:
         run_pool(plan, todo, args, passthrough, progress)
     else:
-        run_in_process(todo, progress)
+        run_in_process(todo, progress, quiet=not args.verbose)
     return _finish(plan, args, start)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -177,6 +179,39 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         cli.model.model.save_pretrained(hf)
         cli.datamodule.tokenizer.save_pretrained(hf)
     return {**out, "state": "finished"}
+
+
+@contextlib.contextmanager
+def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
+    """Send everything a run prints to ``log`` (appended), so that a sweep's console keeps one line per run.
+
+    Redirected at the file-descriptor level, so Lightning's and transformers' log handlers, warnings, progress
+    bars and C libraries land in the file too (as they do for `--parallel` runs, which are subprocesses writing to
+    the same file). ``quiet=False`` (``study sweep --verbose``) changes nothing.
+    """
+    if not quiet:
+        yield
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(log, "ab") as sink, contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(
+            sys.__stderr__
+        ):
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from study.sweep.runner import (
     launch_subprocess,
     read_status,
     run_command,
+    run_console,
 )
 from study.sweep.spec import Plan, Run
 
@@ -119,8 +120,9 @@ def _left_to_others(run: Run, held: RunBusy, progress: Progress) -> None:
     progress.update(run, {"state": "running elsewhere", "reason": str(held)}, skipped=True)
 
 
-def run_in_process(todo: list[Run], progress: Progress) -> None:
-    """Train each run this process can lock; runs other processes hold are left to them."""
+def run_in_process(todo: list[Run], progress: Progress, quiet: bool = True) -> None:
+    """Train each run this process can lock; runs other processes hold are left to them. ``quiet``: each run's
+    output goes to ``<run>/sweep.log`` and the console keeps the progress line."""
     for run in todo:
         try:
             with RunLock(run.dir) as lock:
@@ -128,7 +130,9 @@ def run_in_process(todo: list[Run], progress: Progress) -> None:
                 if done(run):  # finished by another process since the plan was read
                     progress.update(run, read_status(run.dir) or {}, skipped=True)
                     continue
-                progress.update(run, execute_run(run))
+                with run_console(run.dir / "sweep.log", quiet):
+                    status = execute_run(run)
+                progress.update(run, status)
         except RunBusy as held:
             _left_to_others(run, held, progress)
 
@@ -178,7 +182,8 @@ def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) ->
     try:
         with RunLock(plan.pretrain.dir) as lock:
             _say_taken_over(plan.pretrain, lock)
-            return execute_run(plan.pretrain, is_pretrain=True)
+            with run_console(plan.pretrain.dir / "sweep.log", not getattr(args, "verbose", False)):
+                return execute_run(plan.pretrain, is_pretrain=True)
     except RunBusy:  # another process started it between our check and now
         wait_for_pretraining(plan)
         return read_status(plan.pretrain.dir) or {"state": "missing"}

@@ -34,11 +34,11 @@ import sys
 import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
+from study.progress import format_seconds
 from study.sweep.lock import busy
 from study.sweep.runner import (
     FINAL_STATES,
     Progress,
-    fmt_duration,
     is_rank_zero,
     plan_estimate,
     probe,
@@ -148,7 +148,7 @@ def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, q
         return None
     estimate = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
     print(
-        f"Estimated time: about {fmt_duration(estimate)} (min:s) for {len(todo)} runs"
+        f"Estimated time: about {format_seconds(estimate)} for {len(todo)} runs"
         + (" + pretraining" if pretrain_todo else "")
         + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
         f" (probe on {probe_run.name}).",
@@ -162,7 +162,7 @@ def _finish(plan: Plan, args, start: float) -> int:
     states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
     counts = {s: states.count(s) for s in sorted(set(states))}
     print(
-        f"study sweep {plan.name}: done in {fmt_duration(time.perf_counter() - start)}: {counts}", flush=True
+        f"study sweep {plan.name}: done in {format_seconds(time.perf_counter() - start)}: {counts}", flush=True
     )
     elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
     if elsewhere:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if pretrain_todo:
         status = pretrain(plan, args, passthrough, subprocess_mode)
         print(
-            f"pretrain: {status['state']} in {fmt_duration(time.perf_counter() - start)}"
+            f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)}"
             + (f" ({status['reason']})" if status.get("reason") else ""),
             flush=True,
         )

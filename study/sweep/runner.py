@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from study.progress import format_seconds
 from study.report.read import dotted_get
 from study.sweep.spec import Plan, Run
 
@@ -118,11 +119,6 @@ def resume_point(ckpt_dir: Path) -> tuple[Path | None, int | None, list[str]]:
     if notes:
         notes.append(f"resuming from {path.name} (step {step})")
     return path, step, notes
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 # ---- one run, in this process ---------------------------------------------------------------------------------
@@ -347,8 +343,8 @@ class Progress:
         line = (
             f"[{self.done}/{self.total}] {run.name}: {detail}"
             + (f" ({'; '.join(extra)})" if extra else "")
-            + f" | elapsed {fmt_duration(time.perf_counter() - self.start)}"
-            + (f" | ETA {fmt_duration(eta)}" if eta is not None else "")
+            + f" | elapsed {format_seconds(time.perf_counter() - self.start)}"
+            + (f" | ETA {format_seconds(eta)}" if eta is not None else "")
         )
         print(line, flush=True)
         return line

@@ -27,3 +27,26 @@ def test_docs_python_blocks_run(page):
     namespace: dict = {}
     for block in python_blocks(page):
         exec(compile(block, str(page), "exec"), namespace)
+
+
+def _anchor(heading: str) -> str:
+    # GitHub's rule: lower case, punctuation dropped, spaces to hyphens.
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=["README.md", *(p.name for p in PAGES)])
+def test_relative_links_resolve(page):
+    """Every relative link of the front door and the pages names a file that exists (and a heading that exists)."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked offline
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)
+            if anchor not in {_anchor(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"{page.name}: broken links {broken}"

@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 import os
 from functools import partial
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torchmetrics.aggregation import MeanMetric
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from typing_extensions import override
 
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
 from study.hparams import HPARAMS_METRICS, write_session
@@ -121,31 +124,36 @@ class CausalLMModule(L.LightningModule):
         self.attention = attention
         self.val_loss = MeanMetric()
 
-    def forward(self, input_ids: torch.Tensor, **kwargs):
+    @override
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         return self.model(input_ids=input_ids, **kwargs)
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = batch["input_ids"]
         return self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    @override
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach().float().clamp(max=50)))
         return loss
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    @override
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
         loss = self._loss(batch)
         # Token-weighted mean, synchronised across processes by torchmetrics.
         self.val_loss.update(loss, weight=batch["input_ids"].numel())
 
+    @override
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.val_loss.reset()
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", torch.exp(loss.float().clamp(max=50)))
 
-    def configure_optimizers(self):
+    @override
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         hp = self.hparams
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
@@ -160,6 +168,7 @@ class CausalLMModule(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    @override
     def on_fit_start(self) -> None:
         if self.trainer.is_global_zero:
             for logger in self.loggers:

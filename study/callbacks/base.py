@@ -26,7 +26,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
+from typing_extensions import override
 
 from study.attention import NORMALIZERS, AttentionSpec, tapping
 from study.metrics import as_distribution
@@ -195,12 +197,16 @@ class TapMonitor(Callback):
 
     # ----- Lightning hooks ---------------------------------------------------------------------------------
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.wants_tap(trainer, TRAIN, batch_idx):
             self._window_step = trainer.global_step
             self._open(TRAIN)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         if self._phase == TRAIN:
             self._close()
         # Log once the optimizer has stepped, so an accumulation window's micro-batches are summed together.
@@ -208,33 +214,51 @@ class TapMonitor(Callback):
             self._log_phase(trainer, pl_module, TRAIN, step=self._window_step)
             self._window_step = None
 
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sums[VAL] = {}
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+    @override
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if self.wants_tap(trainer, VAL, batch_idx, dataloader_idx):
             self._open(VAL)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._phase == VAL:
             self._close()
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.validation and not trainer.sanity_checking:
             self._log_phase(trainer, pl_module, VAL, step=trainer.global_step)
         self._sums[VAL] = {}
 
-    def on_exception(self, trainer, pl_module, exception) -> None:
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._close()
 
-    def teardown(self, trainer, pl_module, stage) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._close()
 
     # ----- checkpointing -----------------------------------------------------------------------------------
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"train_logs": self.train_logs, "val_logs": self.val_logs, "last_logged_step": self.last_logged_step}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_logs = state_dict.get("train_logs", 0)
         self.val_logs = state_dict.get("val_logs", 0)

@@ -9,6 +9,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
@@ -161,6 +163,7 @@ class GradientNormMonitor(TapMonitor):
     def _grad_due(self, trainer: L.Trainer) -> bool:
         return trainer.global_step % self.every_n_steps == 0
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._module = pl_module
         # Different rows on each rank, and a resumed run does not replay the rows of the first steps.
@@ -168,13 +171,15 @@ class GradientNormMonitor(TapMonitor):
         for optimizer in trainer.optimizers:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
 
-    def teardown(self, trainer, pl_module, stage) -> None:
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         # Before clipping. With several optimizers the first call of a step measures every parameter once.
         if not self._grad_due(trainer) or self._pre is not None:
             return
@@ -215,7 +220,8 @@ class GradientNormMonitor(TapMonitor):
             flat = trainer.strategy.reduce(flat, reduce_op="mean")
         return dict(zip(values, flat.unbind()))
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         # Gradients are logged on the same steps even when the Jacobian tap is off (jacobian_rows=0).
         if self._grad_due(trainer) and self._window_step is None:

@@ -6,6 +6,7 @@ import re
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from study import tags
 from study.callbacks.base import tensorboard_writers
@@ -70,6 +71,7 @@ class TensorBoardLayout(Callback):
         self.layout = layout if layout is not None else custom_scalars_layout()
         self._written = False
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._written:
             return

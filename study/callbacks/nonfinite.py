@@ -30,6 +30,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from torch.optim import Optimizer
+from typing_extensions import override
 
 from study import tags
 
@@ -75,14 +77,14 @@ class NonFiniteGuard(L.Callback):
         self._bad_loss: str | None = None
 
     # ---- hooks ------------------------------------------------------------------------------------------------
-    def on_before_backward(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
-    ) -> None:
+    @override
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         self._bad_loss = None
         if self.check_loss and not bool(torch.isfinite(loss.detach()).all()):
             self._bad_loss = f"non-finite loss ({float(loss.detach().float().reshape(-1)[0])})"
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         norm = None
         if grads and (self.check_grads or self.log_grad_norm):
@@ -122,9 +124,11 @@ class NonFiniteGuard(L.Callback):
         )
 
     # ---- checkpointed state -----------------------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"skipped_steps": self.skipped_steps, "diverged": self.diverged}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
         self.diverged = state_dict.get("diverged")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
 
 from study import tags
 from study.attention import Normalizer
@@ -51,7 +55,10 @@ class NormalizerParameterMonitor(Callback):
             raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
         self.every_n_steps = every_n_steps
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step - 1  # the optimizer step that just happened
         if step % self.every_n_steps or not trainer.is_global_zero:
             return

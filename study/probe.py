@@ -1,7 +1,7 @@
 """`study probe`: how a frozen causal LM's loss and attention-logit gradients respond to the temperature T.
 
     study probe --model <folder | hub name> --text <file | shakespeare> [--temperatures 0.01 0.03 0.1 0.3 1]
-                [--batches 4 --batch-size 2 --seq-len 128 --hessian-iterations 10] --out logs/probe
+                [--batches 4 --batch-size 2 --seq-len 128 --hessian-iterations 10] [--quiet] --out logs/probe
 
 No training: for each T of the grid (the model's scores divided by T in every layer, `study.attention`), on the
 same few batches of text:
@@ -22,6 +22,9 @@ Writes `<out>/probe.json`, `<out>/probe.png` and TensorBoard scalars under `<out
 in the sorted grid; `probe/temperature` holds T at each step): `probe/loss`, `probe/grad_norm/{attn_q,attn_k,
 attn_qk,rest,total}`, `probe/jacobian/{mean,p10,p50,p90,max}`, `probe/jacobian/frac_above_quarter_T`,
 `probe/jacobian/frac_above_sqrt2`, `probe/saturated_fraction`, `probe/hessian_qk_norm`, `probe/hessian_qk_top`.
+
+Progress: a bar with the time left on a terminal, else one line per T on stderr
+(``[probe] T 0.1 (3/5) in 12.0s, about 0:24 left``); ``--quiet`` turns it off.
 
 Bad input (T <= 0, a model folder or name that does not exist, an empty or missing text) fails before the model
 is loaded, naming the value.
@@ -62,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hessian-iterations", type=int, default=10, help="power iterations per phase (0: no Hessian)")
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampler and the power iteration")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a line per T)")
     return p
 
 
@@ -122,13 +126,15 @@ def check_args(args: argparse.Namespace) -> str:
 
 def load_model(name: str):
     """The model (fp32, eval) and its tokenizer: the one place the probe loads them."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from study.pretrained import resolve_model
+    from study.console import quiet_loading
+    from study.pretrained import load_causal_lm, resolve_model
 
     name = resolve_model(name)  # an embedded short name (smollm2-135m) becomes its cached folder
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = load_causal_lm(name, dtype=torch.float32)
+    with quiet_loading():
+        tokenizer = AutoTokenizer.from_pretrained(name)
     return model.eval(), tokenizer
 
 
@@ -332,12 +338,17 @@ def write_figure(results: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def run_probe(args: argparse.Namespace, text: str, argv: list[str] | None = None) -> dict:
+def run_probe(args: argparse.Namespace, text: str, argv: list[str] | None = None, show_progress: bool = False) -> dict:
+    """Every T of the grid in turn; with ``show_progress``, one report per T with the time left (`study.progress`)."""
+    from study.progress import progress
+
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     batches = make_batches(tokenizer, text, args.batches, args.batch_size, args.seq_len)
     generator = torch.Generator().manual_seed(args.seed)
-    results = [probe_temperature(model, batches, t, args, generator) for t in sorted(set(args.temperatures))]
+    grid = sorted(set(args.temperatures))
+    results = [probe_temperature(model, batches, t, args, generator)
+               for t in progress(grid, "probe", unit="T", enabled=show_progress, label="{:g}".format)]
     return {
         "model": args.model, "text": args.text, "batches": args.batches, "batch_size": args.batch_size,
         "seq_len": args.seq_len, "jacobian_rows": args.jacobian_rows, "hessian_iterations": args.hessian_iterations,
@@ -346,10 +357,14 @@ def run_probe(args: argparse.Namespace, text: str, argv: list[str] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
+    from study.console import silence_library_notices
+
     args = _parser().parse_args(argv)
+    silence_library_notices()
     try:
         text = check_args(args)
-        report = run_probe(args, text, argv=list(argv) if argv is not None else sys.argv[1:])
+        report = run_probe(args, text, argv=list(argv) if argv is not None else sys.argv[1:],
+                           show_progress=not args.quiet)
     except ProbeError as err:
         print(f"study probe: {err}", file=sys.stderr)
         return 2

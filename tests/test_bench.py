@@ -24,10 +24,19 @@ def _positive(x) -> bool:
     return isinstance(x, float) and math.isfinite(x) and x > 0
 
 
-def test_quick_core_on_a_tiny_model(tmp_path):
+def test_quick_core_on_a_tiny_model(tmp_path, capsys):
     settings = Settings(shapes=[TINY], rounds=2, chunk=1, warmup=1, top_ks=(2,), normalizers=("sparsemax",),
                         monitor_every=(1, 50), analysis_lengths=(32,), analysis_repeats=1, analysis_oracle_rows=8)
-    result = run_benchmark(settings, progress=lambda *_: None)
+    result = run_benchmark(settings, progress=lambda *_: None, show_progress=True)
+    # Off a terminal: one line per timing round (warm-up + 2) and per variant's memory pass, with the time left.
+    lines = capsys.readouterr().err.splitlines()
+    timing = [line for line in lines if line.startswith("[bench tiny timing] round ")]
+    assert [line.split(" (")[1].split(")")[0] for line in timing] == ["1/3", "2/3", "3/3"], lines
+    assert timing[0].startswith("[bench tiny timing] round warm-up (1/3) in ") and timing[-1].endswith("about 0:00 left")
+    memory = [line for line in lines if line.startswith("[bench tiny memory] variant ")]
+    n = len(result["models"][0]["rows"])
+    assert len(memory) == n and memory[0].startswith(f"[bench tiny memory] variant stock sdpa (1/{n}) in ")
+    assert all(line.endswith(" left") for line in memory)
     json_path, md_path = write(result, tmp_path)
 
     loaded = json.loads(json_path.read_text())
@@ -77,13 +86,18 @@ TINY_LLAMA = Shape("tiny-llama", n_layer=2, n_head=4, n_embd=32, vocab_size=64, 
                    arch="llama", n_kv_head=2, n_inner=64, one_at_a_time=True)
 
 
-def test_llama_shape_one_variant_at_a_time_with_bf16_parity(tmp_path):
+def test_llama_shape_one_variant_at_a_time_with_bf16_parity(tmp_path, capsys):
     """The SmolLM2-like path (grouped-query Llama, variants taking turns) and the GPU suite's parity, on CPU."""
     settings = Settings(shapes=[TINY_LLAMA], rounds=2, chunk=2, warmup=1, top_ks=(4,), normalizers=("sparsemax",),
                         monitor_every=(), analysis_lengths=(16,), analysis_repeats=1, analysis_oracle_rows=4,
                         precision="bf16-mixed", parity=True)
-    result = run_benchmark(settings, progress=lambda *_: None)
+    result = run_benchmark(settings, progress=lambda *_: None, show_progress=True)
     (model,) = result["models"]
+    # One line per variant's fit, rounds x variants of them, with the time left.
+    fits = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[bench tiny-llama timing] fit ")]
+    total = 2 * len(model["rows"])
+    assert len(fits) == total and fits[0].startswith(f"[bench tiny-llama timing] fit stock sdpa, round 1 (1/{total}) in ")
+    assert fits[-1].endswith("about 0:00 left")
     assert model["steps"]["one_at_a_time"] and model["params"] > 0
     for row in model["rows"]:
         assert "error" not in row, row.get("error")

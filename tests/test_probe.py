@@ -55,10 +55,17 @@ def args_for(model, text, out, *extra):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_probe_outputs_and_gradients_match_stock_transformers(tmp_path, text_file, arch):
+def test_probe_outputs_and_gradients_match_stock_transformers(tmp_path, text_file, arch, capfd):
     folder = save_tiny(tmp_path, text_file, arch)
     out = tmp_path / "out"
+    capfd.readouterr()
     assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "0.1", "0.01")) == 0
+    # Off a terminal: one line per T with the count and the time left; no library notices.
+    stdout, stderr = capfd.readouterr()
+    lines = [line for line in stderr.splitlines() if line.startswith("[probe] ")]
+    assert [line.split(" in ")[0] for line in lines] == ["[probe] T 0.01 (1/3)", "[probe] T 0.1 (2/3)", "[probe] T 1 (3/3)"]
+    assert all(line.endswith(" left") for line in lines) and lines[-1].endswith("about 0:00 left")
+    assert "Loading weights" not in stdout + stderr and "loss_type" not in stdout + stderr
     report = json.loads((out / "probe.json").read_text())
     results = report["results"]
     assert [r["temperature"] for r in results] == [0.01, 0.1, 1.0]

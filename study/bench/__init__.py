@@ -1,6 +1,6 @@
 """`study bench`: training-step time and peak memory of each attention path, with and without monitors.
 
-    study bench [--quick] [--out DIR] [--models small,gpt2-vocab,smollm2] [--peak-flops 989e12] [--parity]
+    study bench [--quick] [--quiet] [--out DIR] [--models small,gpt2-vocab,smollm2] [--peak-flops 989e12] [--parity]
     study bench --gpu-suite       the prepared GPU command (GPT-2 124M at L = 512, 1024, 2048; parity; MFU)
     python scripts/bench.py ...   (the same)
 
@@ -36,6 +36,9 @@ What is measured, in ONE process:
 Budgets (CPU, ratios on the same model): temperature only <= 1.03 x stock SDPA; top-k <= 1.3 x stock eager;
 monitors every 50 steps <= 1.05 x no monitors; every step <= 1.5 x; peak memory with monitors <= 1.1 x.
 The result is written as ``bench.json`` and ``bench.md`` in ``--out``.
+
+Progress (`study.progress`; ``--quiet`` turns it off): a bar with the time left on a terminal, else one line per
+timing round (interleaved shapes) or per variant's fit (one-at-a-time shapes), and per variant's memory pass.
 """
 
 from study.bench.budgets import BUDGETS, budgets

@@ -36,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "on one H100/H200); with --device cpu and --models it checks the structure")
     parser.add_argument("--parity", action="store_true", help="also check every path against stock (on by "
                         "default with --gpu-suite)")
+    parser.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a "
+                        "line per timing round and per variant's memory pass, with the time left)")
     parser.add_argument("--analysis-length", default=None, help="comma-separated L for the oracle comparison (default 512; quick 256)")
     return parser.parse_args(argv)
 
@@ -69,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import logging
 
+    from study.console import silence_library_notices
+
+    # The bench's Trainers are its own measuring instruments: nothing they report is the user's to act on.
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    silence_library_notices()
     settings = settings_from_args(args)
-    result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out))
+    result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out), show_progress=not args.quiet)
     json_path, md_path = write(result, args.out)
     print(to_markdown(result))
     print(f"[bench] wrote {json_path} and {md_path}")

@@ -18,6 +18,7 @@ from study.bench.memory import measure_memory
 from study.bench.parity import check_parity
 from study.bench.shapes import Settings, monitor_classes, variants
 from study.bench.timing import _module, summarise_times, time_one_at_a_time, time_variants
+from study.progress import Progress
 
 
 def analysis_speed(settings: Settings) -> list[dict]:
@@ -59,7 +60,13 @@ def machine() -> dict:
 
 
 
-def run_benchmark(settings: Settings, progress=print, on_model=None) -> dict:
+def run_benchmark(settings: Settings, progress=print, on_model=None, show_progress: bool = False) -> dict:
+    """Every shape's timing, memory and budgets (and parity), then the analysis speed.
+
+    ``progress`` prints each phase's header; ``show_progress`` also reports the units of the long phases with the
+    time left (`study.progress`: a bar on a terminal, else a line each): the timing rounds (interleaved), each
+    variant's fit (one at a time), each variant's memory pass.
+    """
     classes, note = monitor_classes()
     notes = [note] if note else []
     result = {"machine": machine(), "settings": {**asdict(settings), "shapes": [asdict(s) for s in settings.shapes]},
@@ -79,11 +86,15 @@ def run_benchmark(settings: Settings, progress=print, on_model=None) -> dict:
                 settings = replace(settings, rounds=2, warmup=1, chunk=max(2, base_settings.chunk))
                 progress(f"[bench] {shape.name}: {len(vs)} variants one at a time, {settings.rounds} rounds of "
                          f"{settings.warmup}+{settings.chunk} steps")
-                timed = time_one_at_a_time(shape, vs, settings, classes, log_root)
+                with Progress(f"bench {shape.name} timing", total=settings.rounds * len(vs), unit="fit",
+                              enabled=show_progress) as bar:
+                    timed = time_one_at_a_time(shape, vs, settings, classes, log_root, tick=bar.advance)
             else:
                 progress(f"[bench] {shape.name}: {len(vs)} variants x {settings.warmup}+{settings.rounds}x"
                          f"{settings.chunk} steps, interleaved")
-                timed = time_variants(shape, vs, settings, classes, log_root)
+                with Progress(f"bench {shape.name} timing", total=settings.rounds + 1, unit="round",
+                              enabled=show_progress) as bar:
+                    timed = time_variants(shape, vs, settings, classes, log_root, tick=bar.advance)
             warmup = 0 if timed.get("warmup_dropped") else settings.warmup
             params = sum(p.numel() for p in _module(shape, vs[0]).parameters())
             every_step = next((v.name for v in vs if v.monitor_every == 1), None)
@@ -99,13 +110,16 @@ def run_benchmark(settings: Settings, progress=print, on_model=None) -> dict:
                     row["error"] = timed["errors"][v.name]
                 rows.append(row)
             progress(f"[bench] {shape.name}: timing {time.perf_counter() - t0:.1f}s; memory pass")
-            for v, row in zip(vs, rows):
-                if "error" in row:
-                    continue
-                try:
-                    row["memory"] = measure_memory(shape, v, settings, classes, os.path.join(log_root, "memory"))
-                except Exception:  # noqa: BLE001 - reported, not fatal
-                    row["memory_error"] = traceback.format_exc(limit=4)
+            with Progress(f"bench {shape.name} memory", total=sum("error" not in r for r in rows), unit="variant",
+                          enabled=show_progress) as bar:
+                for v, row in zip(vs, rows):
+                    if "error" in row:
+                        continue
+                    try:
+                        row["memory"] = measure_memory(shape, v, settings, classes, os.path.join(log_root, "memory"))
+                    except Exception:  # noqa: BLE001 - reported, not fatal
+                        row["memory_error"] = traceback.format_exc(limit=4)
+                    bar.advance(v.name)
             base = {r["name"]: r for r in rows}
             sdpa, eager = base["stock sdpa"]["time"].get("step_s"), base["stock eager"]["time"].get("step_s")
             tokens = shape.batch_size * shape.seq_len

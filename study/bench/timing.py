@@ -12,9 +12,14 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
 
 from study.bench.shapes import Settings, Shape, Variant
 
@@ -22,8 +27,9 @@ from study.bench.shapes import Settings, Shape, Variant
 class Baton:
     """Round-robin turns between threads: exactly one variant's steps run at any time."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], on_pass: Callable[[str], None] | None = None) -> None:
         self.order = list(names)
+        self.on_pass = on_pass  # called with the variant's name each time one of its chunks ends
         self.arrived: set[str] = set()
         self.turn: int | None = None  # None until every thread is ready (set-up never overlaps timed steps)
         self.cv = threading.Condition()
@@ -44,6 +50,8 @@ class Baton:
             if name not in self.order:
                 return
             i = self.order.index(name)
+            if self.on_pass is not None:
+                self.on_pass(name)
             if done:
                 self.order.pop(i)
                 self.arrived.discard(name)
@@ -69,7 +77,9 @@ def _make_callbacks(name: str, baton: Baton | None, warmup: int, chunk: int, dev
         def __init__(self) -> None:
             self.count = 0
 
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        @override
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                 batch_idx: int) -> None:
             if baton is not None:
                 if self.count == 0:
                     baton.wait(name)
@@ -84,7 +94,9 @@ def _make_callbacks(name: str, baton: Baton | None, warmup: int, chunk: int, dev
     start = Start()
 
     class Stop(Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        @override
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT,
+                               batch: Any, batch_idx: int) -> None:
             _sync(device)
             record.append((time.perf_counter() - start.t0, start.logging))
 
@@ -152,10 +164,22 @@ def _monitors(classes: list[type], every: int | None) -> list:
     return [] if every is None else [cls(every_n_steps=every) for cls in classes]
 
 
-def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: list[type], log_root: str) -> dict:
-    """Interleaved Lightning fits, one thread per variant; returns per-variant step records (seconds, logging)."""
+def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: list[type], log_root: str,
+                  tick: Callable[[str], None] | None = None) -> dict:
+    """Interleaved Lightning fits, one thread per variant; returns per-variant step records (seconds, logging).
+
+    ``tick`` is called once per round (every variant has run its chunk: the warm-up, then ``rounds`` of them)."""
     steps = settings.warmup + settings.rounds * settings.chunk
-    baton = Baton([v.name for v in vs])
+    chunks = 0
+
+    def on_pass(name: str) -> None:
+        nonlocal chunks
+        chunks += 1
+        if tick is not None and chunks % len(vs) == 0:
+            done = chunks // len(vs)
+            tick("warm-up" if done == 1 else str(done - 1))
+
+    baton = Baton([v.name for v in vs], on_pass)
     records: dict[str, list] = {v.name: [] for v in vs}
     errors: dict[str, str] = {}
 
@@ -182,9 +206,10 @@ def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: 
 
 
 def time_one_at_a_time(shape: Shape, vs: list[Variant], settings: Settings, classes: list[type],
-                        log_root: str) -> dict:
+                        log_root: str, tick: Callable[[str], None] | None = None) -> dict:
     """For shapes too large to hold every variant at once: each round, every variant in turn runs one short fit
-    (``warmup`` untimed + ``chunk`` timed steps), so drift still hits every variant alike, one model in memory."""
+    (``warmup`` untimed + ``chunk`` timed steps), so drift still hits every variant alike, one model in memory.
+    ``tick`` is called after each variant's fit (rounds x variants times)."""
     records: dict[str, list] = {v.name: [] for v in vs}
     errors: dict[str, str] = {}
     for round_index in range(settings.rounds):
@@ -206,6 +231,8 @@ def time_one_at_a_time(shape: Shape, vs: list[Variant], settings: Settings, clas
             records[variant.name] += steps[settings.warmup:]
             del steps
             gc.collect()
+            if tick is not None:
+                tick(f"{variant.name}, round {round_index + 1}")
     return {"records": records, "errors": errors, "warmup_dropped": True}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+from study.console import silence_library_notices
 from study.data import TextDataModule
 from study.model import CausalLMModule
 from study.sweep.spec import SweepSpecError, load_yaml
@@ -56,6 +57,7 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
     """
     kwargs = dict(save_config_kwargs={"overwrite": False}, parser_kwargs=_parser_kwargs())
     kwargs.update(cli_kwargs)
+    silence_library_notices()
     argv = sys.argv
     if args is not None:
         sys.argv = [argv[0], *args]

@@ -20,12 +20,12 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRScheduler
 from torchmetrics.aggregation import MeanMetric
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 from typing_extensions import override
 
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
 from study.hparams import HPARAMS_METRICS, write_session
-from study.pretrained import resolve_model
+from study.pretrained import declare_causal_lm_loss, load_causal_lm
 
 TRAINABLE = ("all", "attention")
 
@@ -91,7 +91,7 @@ class CausalLMModule(L.LightningModule):
         # with the metrics that HParams compares runs by.
         self.save_hyperparameters(logger=False)
         if model_name_or_path:
-            self.model = AutoModelForCausalLM.from_pretrained(resolve_model(model_name_or_path))
+            self.model = load_causal_lm(model_name_or_path)
             # `from_pretrained` returns the model in eval mode, and Lightning keeps submodules' modes as they are:
             # without this, dropout would be silently off during fine-tuning.
             self.model.train()
@@ -113,7 +113,7 @@ class CausalLMModule(L.LightningModule):
                 bos_token_id=vocab_size - 1,
                 eos_token_id=vocab_size - 1,
             )
-            self.model = GPT2LMHeadModel(config)
+            self.model = declare_causal_lm_loss(GPT2LMHeadModel(config))
         config = self.model.config
         context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
         if block_size is not None and context is not None and block_size > context:

@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Short name -> what it is. Every place that loads a model by name accepts these (through `resolve_model`).
 EMBEDDED_MODELS: dict[str, str] = {
@@ -62,6 +63,29 @@ def resolve_model(name_or_path: str, cache_dir: str | os.PathLike | None = None)
             raise FileNotFoundError(f"gguf file not found: {name_or_path}")
         return str(materialize_gguf(Path(name_or_path), cache_dir))
     return name_or_path
+
+
+def load_causal_lm(name_or_path: str, **kwargs: Any):
+    """`AutoModelForCausalLM.from_pretrained` of `resolve_model(name_or_path)`: the one way the study loads a model.
+
+    Without transformers' "Loading weights" bar (`study.console.quiet_loading`), and with the model's loss
+    declared (`declare_causal_lm_loss`). ``kwargs`` go to `from_pretrained` (e.g. ``dtype=torch.float32``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from study.console import quiet_loading
+
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
+    return declare_causal_lm_loss(model)
+
+
+def declare_causal_lm_loss(model):
+    """Name the loss transformers uses anyway for a causal LM whose class name it does not recognise (GPT-2's
+    `GPT2LMHeadModel`), so its first forward does not warn "`loss_type=None` was set in the config"."""
+    if getattr(model, "loss_type", "unset") is None:
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def embedded_gguf(name: str) -> Path:

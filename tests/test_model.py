@@ -131,10 +131,10 @@ def test_gpt2module_is_the_causal_lm_module():
 
 def test_short_model_names_are_resolved(tmp_path, monkeypatch):
     """`model_name_or_path` goes through `study.pretrained.resolve_model` (a short name -> a local folder)."""
-    import study.model
+    import study.pretrained
 
     CausalLMModule(**TINY).model.save_pretrained(tmp_path / "tiny")
-    monkeypatch.setattr(study.model, "resolve_model", lambda name: str(tmp_path / name))
+    monkeypatch.setattr(study.pretrained, "resolve_model", lambda name: str(tmp_path / name))
     module = CausalLMModule(model_name_or_path="tiny", vocab_size=64)
     assert module.model.config.n_layer == 2 and module.hparams.model_name_or_path == "tiny"
 

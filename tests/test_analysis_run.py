@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +96,37 @@ def test_benchmark_agrees_with_oracle():
     assert res["max_relative_difference_fp32_vs_fp64"] < 1e-4
     # At L = 48 the loop is too short to beat the vectorised overheads; the speed-up is measured at L = 512.
     assert res["speedup"] > 0 and math.isfinite(res["loop_s"])
+
+
+def results_layout(value, path: str = "") -> list[str]:
+    """Every entry of a results dict as "path shape", in order: dict keys, lists of numbers by their nested
+    lengths (e.g. 2x3x4), each element of a list of dicts, "scalar" for the rest."""
+    if isinstance(value, dict):
+        out = [f"{path} dict"] if path else []
+        for key, v in value.items():
+            out += results_layout(v, f"{path}.{key}" if path else key)
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = [f"{path} list of {len(value)}"]
+        for i, v in enumerate(value):
+            out += results_layout(v, f"{path}[{i}]")
+        return out
+    if isinstance(value, list):
+        shape = []
+        while isinstance(value, list):
+            shape.append(len(value))
+            value = value[0] if value else None
+        return [f"{path} {'x'.join(map(str, shape))}"]
+    return [f"{path} scalar"]
+
+
+LAYOUT = Path(__file__).parent / "data" / "analysis_results_layout.txt"
+
+
+def test_results_json_layout_is_unchanged(gpt2_results):
+    """Every key of results.json, in order, with the shape of every array: the layout `study analyze` wrote before
+    the analyses became one module and one table entry each (recorded from that code, see LAYOUT's header)."""
+    _, _, res = gpt2_results
+    want = [line for line in LAYOUT.read_text().splitlines() if not line.startswith("#")]
+    assert results_layout(res) == want
+

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from study.analysis import algorithms as A
 from study.analysis import reference as R
+from study.analysis.critical import critical_n
+from study.analysis.dilution import dilution_stats
+from study.analysis.distance import distance_stats
+from study.analysis.gradient import gradient_sensitivity
+from study.analysis.separability import separability_stats
+from study.metrics import softmax_jacobian_norm
 
 
 def _random_head(heads=2, length=12, dim=5, seed=0, scale=2.0):
@@ -29,7 +34,7 @@ def test_distance_matches_loop_oracle():
     _, w, x = _random_head()
     ns = [1, 3, 5, 12]
     # A tiny budget forces many row chunks, so chunk boundaries are exercised too.
-    got = A.distance_stats(w, x, ns, budget=100)
+    got = distance_stats(w, x, ns, budget=100)
     for p in range(w.shape[0]):
         want = R.distance_head(w[p].numpy(), x[p].numpy(), ns)
         for key, value in want.items():
@@ -39,14 +44,14 @@ def test_distance_matches_loop_oracle():
 def test_distance_broadcasts_hidden_states_over_heads():
     _, w, x = _random_head(heads=3)
     shared = x[0]  # one vector per position for every head (the hidden-state option)
-    got = A.distance_stats(w, shared[None], [2])
+    got = distance_stats(w, shared[None], [2])
     want = R.distance_head(w[2].numpy(), shared.numpy(), [2])
     _assert_matches(got["d_sum_outside"][2], want["d_sum_outside"])
 
 
 def test_full_selection_gives_zero_distance():
     _, w, x = _random_head(length=9)
-    got = A.distance_stats(w, x, [9])
+    got = distance_stats(w, x, [9])
     last = {k: got[k][:, -1, 0] for k in ("d_sum_outside", "d_norm_of_sum", "bound", "expectation")}
     for key, value in last.items():
         assert torch.all(value.abs() < 1e-12), key
@@ -58,7 +63,7 @@ def test_monte_carlo_and_closed_form_expectation():
     # (N/(n-1)) sum_{j != i} alpha_j x_j, so by Jensen it is a LOWER bound on the exact E[d]; Monte Carlo
     # must approach the exact value (all 35 subsets of 3 among 7 enumerated by the oracle).
     _, w, x = _random_head(heads=1, length=7)
-    got = A.distance_stats(w, x, [3], mc_samples=4000, seed=1)
+    got = distance_stats(w, x, [3], mc_samples=4000, seed=1)
     exact = R.exact_expected_distance(w[0, -1].numpy(), x[0].numpy(), 3)
     mc = got["mc_expectation"][0, -1, 0].item()
     assert abs(mc - exact) < 0.03 * exact
@@ -68,7 +73,7 @@ def test_monte_carlo_and_closed_form_expectation():
 def test_separability_matches_loop_oracle():
     _, w, x = _random_head()
     ns = [1, 2, 4, 11]
-    got = A.separability_stats(w, x, ns, budget=100)
+    got = separability_stats(w, x, ns, budget=100)
     for p in range(w.shape[0]):
         want = R.separability_head(w[p].numpy(), x[p].numpy(), ns)
         for key, value in want.items():
@@ -83,7 +88,7 @@ def test_separability_in_unit_interval_and_above_lower_bound():
     # The upper bound is a Gaussian-tail (probabilistic) statement: single rows can exceed it (measured:
     # about 1 in 6 random rows with N_s = N), so it is only reported, not asserted.
     _, w, x = _random_head(heads=4, length=16, dim=6, seed=3)
-    got = A.separability_stats(w, x, [1, 2, 4, 8])
+    got = separability_stats(w, x, [1, 2, 4, 8])
     valid = got["valid"]
     ratio = got["ratio"][valid]
     assert torch.all((ratio >= 0) & (ratio <= 1))
@@ -99,7 +104,7 @@ def test_uniform_attention_separability_by_hand():
     w = torch.full((n, n), 1.0, dtype=torch.float64).tril()
     w = w / w.sum(-1, keepdim=True)
     x = 2.0 * torch.eye(n, dtype=torch.float64)
-    got = A.separability_stats(w, x, [1, 2, 3])
+    got = separability_stats(w, x, [1, 2, 3])
     assert torch.all(got["ratio"][-1] == 1.0)
     assert got["radius"].item() == 2.0
     # One dimension, x = (+1, -1, +1, +1), uniform 1/4, N = 2: the stable sort picks keys 0 and 1, so
@@ -107,7 +112,7 @@ def test_uniform_attention_separability_by_hand():
     # "strictly closer than r" fails for both, N_s = 0.
     w4 = torch.full((4, 4), 0.25, dtype=torch.float64).tril()
     x4 = torch.tensor([[1.0], [-1.0], [1.0], [1.0]], dtype=torch.float64)
-    got4 = A.separability_stats(w4, x4, [2])
+    got4 = separability_stats(w4, x4, [2])
     assert got4["n_s"][-1, 0].item() == 0.0
     assert got4["r"][-1, 0].item() == 0.25
 
@@ -115,7 +120,7 @@ def test_uniform_attention_separability_by_hand():
 def test_gradient_probe_matches_loop_and_jacobian():
     logits, _, _ = _random_head(heads=1, length=8)
     temps = [0.05, 1.0, 10.0]
-    got = A.gradient_sensitivity(logits, temps, [1e-7, 1e-1, 10.0], seed=5)["g"][0]
+    got = gradient_sensitivity(logits, temps, [1e-7, 1e-1, 10.0], seed=5)["g"][0]
     # Reproduce the probe's direction v with the same generator, then check row by row.
     gen = torch.Generator().manual_seed(5)
     causal = torch.ones(8, 8, dtype=torch.bool).tril()
@@ -136,24 +141,24 @@ def test_jacobian_spectral_norm_matches_eigvalsh():
     logits, w, _ = _random_head(heads=3, length=10, scale=3.0)
     for T in (0.1, 1.0, 4.0):
         probs = torch.softmax(logits / T, -1)
-        got = A.softmax_jacobian_norm(probs, T)
+        got = softmax_jacobian_norm(probs, T)
         jac = (torch.diag_embed(probs) - probs[..., :, None] * probs[..., None, :]) / T
         want = torch.linalg.eigvalsh(jac)[..., -1]
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-9)
         assert torch.all(got <= 1 / (2 * T) + 1e-12)
     # Causal rows with zeros, a one-hot row (norm 0) and a tie (two equal largest weights).
-    got = A.softmax_jacobian_norm(w, 1.0)
+    got = softmax_jacobian_norm(w, 1.0)
     jac = torch.diag_embed(w) - w[..., :, None] * w[..., None, :]
     torch.testing.assert_close(got, torch.linalg.eigvalsh(jac)[..., -1], atol=1e-12, rtol=1e-9)
     special = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
-    torch.testing.assert_close(A.softmax_jacobian_norm(special), torch.tensor([0.0, 0.5], dtype=torch.float64))
+    torch.testing.assert_close(softmax_jacobian_norm(special, 1.0), torch.tensor([0.0, 0.5], dtype=torch.float64))
 
 
 def test_dilution_uniform_rows():
     n = 5
     w = torch.full((n, n), 1.0).tril()
     w = w / w.sum(-1, keepdim=True)
-    got = A.dilution_stats(w)
+    got = dilution_stats(w)
     torch.testing.assert_close(got["max_weight"], 1 / torch.arange(1, n + 1, dtype=torch.float32))
     torch.testing.assert_close(got["scaled_min"], torch.ones(n))
     torch.testing.assert_close(got["scaled_max"], torch.ones(n))
@@ -164,23 +169,62 @@ def test_critical_n_ks():
     d = torch.rand(3, 40, generator=gen)
     e = d.clone()
     e[0] += 5.0  # N = 1: clearly different samples; from N = 2 on identical
-    res = A.critical_n(d, e, [1, 2, 4])
+    res = critical_n(d, e, [1, 2, 4])
     assert res["pvalues"][0] < 1e-6 and res["pvalues"][1] == 1.0
     assert res["n_star"] == {"0.01": 2, "0.05": 2}
-    never = A.critical_n(d, d + 5.0, [1, 2, 4])
+    never = critical_n(d, d + 5.0, [1, 2, 4])
     assert never["n_star"]["0.05"] is None
 
 
 def test_bad_input_raises_naming_value():
     _, w, x = _random_head(length=6)
     with pytest.raises(ValueError, match="N=7"):
-        A.distance_stats(w, x, [1, 7])
+        distance_stats(w, x, [1, 7])
     with pytest.raises(ValueError, match="N=0"):
-        A.separability_stats(w, x, [0])
+        separability_stats(w, x, [0])
     with pytest.raises(ValueError, match="T=0.0"):
-        A.gradient_sensitivity(w, [1.0, 0.0])
-    with pytest.raises(ValueError, match="T=-1.0"):
-        A.softmax_jacobian_norm(w, -1.0)
+        gradient_sensitivity(w, [1.0, 0.0])
+    with pytest.raises(ValueError, match="-1.0"):
+        softmax_jacobian_norm(w, -1.0)
     with pytest.raises(ValueError, match="empty"):
-        A.distance_stats(torch.zeros(2, 0, 0), torch.zeros(2, 0, 3), [1])
-    assert not math.isnan(A.distance_stats(w, x, [6])["d_sum_outside"][0, -1, 0].item())
+        distance_stats(torch.zeros(2, 0, 0), torch.zeros(2, 0, 3), [1])
+    assert not math.isnan(distance_stats(w, x, [6])["d_sum_outside"][0, -1, 0].item())
+
+
+@pytest.mark.parametrize("spec", [
+    dict(normalizer="softmax"),
+    dict(normalizer="sparsemax"),
+    dict(normalizer="self_adjust"),  # rows in [0, 1] that do not sum to 1
+    dict(normalizer="self_adjust", self_adjust_variant="plain"),  # negative weights
+], ids=lambda s: "-".join(s.values()))
+def test_dilution_entropy_equals_the_monitors_entropy(spec):
+    """One convention for rows as distributions: the analyses' entropy is the training monitors' on the same
+    weights (the monitors' `row_distribution`, then `row_entropy` per row and `entropy_sums` per head)."""
+    from study.attention import AttentionSpec, normalizer_class
+    from study.callbacks.base import row_distribution
+    from study.metrics import entropy_sums, row_entropy
+
+    spec = AttentionSpec(**spec)
+    scores = 2 * torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(4))
+    allowed = torch.ones(10, 10, dtype=torch.bool).tril()
+    weights = normalizer_class(spec.normalizer).from_spec(spec, num_heads=3)(scores, allowed)
+    if spec.self_adjust_variant == "plain":
+        assert (weights < 0).any()
+    got = dilution_stats(weights)["entropy"]  # (B, H, L)
+    monitors = row_distribution(weights, spec)
+    torch.testing.assert_close(got, row_entropy(monitors))
+    torch.testing.assert_close(got.double().sum((0, 2)), entropy_sums(monitors, allowed)["entropy"])
+
+
+def test_gradient_spectral_norms_use_the_one_masked_softmax():
+    """Alg. 5's exact Jacobian norms come from `masked_softmax` (finfo.min fill, zeros outside the mask) and
+    `study.metrics.softmax_jacobian_norm`; the -inf fill the analysis once spelled out gives the same rows."""
+    from study.attention.normalizers import masked_softmax
+
+    logits, _, _ = _random_head(heads=2, length=9, scale=30.0)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    for T in (1e-3, 0.1, 1.0):
+        by_hand = torch.softmax((logits / T).masked_fill(~causal, -math.inf), -1)
+        shared = masked_softmax(logits / T, causal)
+        assert torch.equal(shared, by_hand)
+        assert torch.equal(softmax_jacobian_norm(shared, T, iterations=80), softmax_jacobian_norm(by_hand, T, iterations=80))

@@ -3,6 +3,7 @@
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +96,75 @@ def test_benchmark_agrees_with_oracle():
     assert res["max_relative_difference_fp32_vs_fp64"] < 1e-4
     # At L = 48 the loop is too short to beat the vectorised overheads; the speed-up is measured at L = 512.
     assert res["speedup"] > 0 and math.isfinite(res["loop_s"])
+
+
+def results_layout(value, path: str = "") -> list[str]:
+    """Every entry of a results dict as "path shape", in order: dict keys, lists of numbers by their nested
+    lengths (e.g. 2x3x4), each element of a list of dicts, "scalar" for the rest."""
+    if isinstance(value, dict):
+        out = [f"{path} dict"] if path else []
+        for key, v in value.items():
+            out += results_layout(v, f"{path}.{key}" if path else key)
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = [f"{path} list of {len(value)}"]
+        for i, v in enumerate(value):
+            out += results_layout(v, f"{path}[{i}]")
+        return out
+    if isinstance(value, list):
+        shape = []
+        while isinstance(value, list):
+            shape.append(len(value))
+            value = value[0] if value else None
+        return [f"{path} {'x'.join(map(str, shape))}"]
+    return [f"{path} scalar"]
+
+
+LAYOUT = Path(__file__).parent / "data" / "analysis_results_layout.txt"
+
+
+def test_results_json_layout_is_unchanged(gpt2_results):
+    """Every key of results.json, in order, with the shape of every array: the layout `study analyze` wrote before
+    the analyses became one module and one table entry each (recorded from that code, see LAYOUT's header)."""
+    _, _, res = gpt2_results
+    want = [line for line in LAYOUT.read_text().splitlines() if not line.startswith("#")]
+    assert results_layout(res) == want
+
+
+def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
+    """A new analysis needs only its `Analysis` in `table.ANALYSES`: the runner, results.json, the CSV, the
+    claims and TensorBoard pick it up in table order."""
+    from study.analysis import table
+    from study.analysis.outputs import write_tensorboard
+    from study.analysis.registration import Analysis, stack_layers
+
+    def diagonal(settings, layer):  # mean weight on the diagonal (the query's own key), per head
+        return {"diagonal": layer.weights.diagonal(dim1=-2, dim2=-1).mean((0, 2))}
+
+    def csv_rows(res, layer_ids):
+        for layer, heads in zip(layer_ids, res["toy_diagonal"]["diagonal"]):
+            for head, v in enumerate(heads):
+                yield ["toy", "diagonal", layer, head, "", "", "", "", v]
+
+    toy = Analysis(name="toy", layer=diagonal, results=lambda s, layers: {"toy_diagonal": stack_layers(layers)},
+                   csv_rows=csv_rows, scalars=lambda res: [("analysis/toy", res["toy_diagonal"]["diagonal"][1][0], 1)],
+                   claims=lambda res: [{"claim": "toy", "measured": None, "rule": "-", "verdict": "not measured"}])
+    monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, toy))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
+    res = analyze(model, torch.randint(0, 64, (1, 8)), lengths=[8], ns=[1], temperatures=[1.0], mc_samples=0,
+                  spectral_rows=2)
+    assert list(res)[list(res).index("lemma1_dilution") + 1] == "toy_diagonal"
+    assert list(res["seconds_by_step"])[-1] == "toy"
+    assert res["claims"][-1]["claim"] == "toy"
+    cap = capture_attention(model, torch.randint(0, 64, (1, 8)))
+    assert len(res["toy_diagonal"]["diagonal"]) == cap.n_layers and len(res["toy_diagonal"]["diagonal"][0]) == 4
+    write_outputs(res, tmp_path, figures=False)
+    assert (tmp_path / "per_head.csv").read_text().count("toy,diagonal,") == cap.n_layers * 4
+    assert "| toy |" in (tmp_path / "claims.md").read_text()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(write_tensorboard(res, tmp_path / "tb")))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("analysis/toy")] == [(1, pytest.approx(
+        res["toy_diagonal"]["diagonal"][1][0]))]

@@ -52,12 +52,12 @@ def test_zeroed_queries_with_top_k_attend_to_the_first_k_visible_keys():
 
 
 def test_analyses_rank_ties_by_position_like_attention():
-    from study.analysis.algorithms import _top_ranks
+    from study.analysis.rows import top_ranks
     from study.attention import top_k_indices
 
     a = torch.tensor([[0.25, 0.1, 0.25, 0.25, 0.15, 0.0], [0.2] * 5 + [0.0]])
     visible = torch.tensor([[True] * 6, [True] * 5 + [False]])
-    top, _ = _top_ranks(a, visible, 3)
+    top, _ = top_ranks(a, visible, 3)
     assert top.tolist() == [[0, 2, 3], [0, 1, 2]]
     assert top_k_indices(a, 3, visible).tolist() == top.tolist()
     assert top_k_indices(a.double(), 3, visible).tolist() == top.tolist()  # the stable-sort path agrees

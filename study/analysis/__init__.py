@@ -1,16 +1,17 @@
-"""The paper's analyses (Algorithms 1-5 and Lemma 1), vectorised, on any transformers causal LM."""
+"""The paper's analyses (Algorithms 1-5 and Lemma 1), vectorised, on any transformers causal LM.
 
-from .algorithms import (
-    critical_n,
-    dilution_stats,
-    distance_stats,
-    gradient_sensitivity,
-    separability_stats,
-    softmax_jacobian_norm,
-)
+One module per analysis holds its algorithm and its registration (`distance`, `critical`, `separability`,
+`gradient`, `dilution`); `table.ANALYSES` lists them; `rows` holds the row helpers they share.
+"""
+
 from .capture import AttentionCapture, capture_attention, context_length
+from .critical import critical_n
+from .dilution import dilution_stats
+from .distance import distance_stats
+from .gradient import gradient_sensitivity
 from .outputs import write_outputs
 from .run import analyze, benchmark_against_oracle, compare_with_paper
+from .separability import separability_stats
 
 __all__ = [
     "AttentionCapture",
@@ -24,6 +25,5 @@ __all__ = [
     "distance_stats",
     "gradient_sensitivity",
     "separability_stats",
-    "softmax_jacobian_norm",
     "write_outputs",
 ]

@@ -28,6 +28,8 @@ from study.attention.hf import implementation_for
 from study.attention.normalizers import masked_softmax, top_k_allowed
 from study.attention.spec import STOCK, AttentionSpec
 
+from .rows import causal_visible
+
 
 class _Recorder:
     """An attention tap that keeps each layer's inputs (and nothing of the weights)."""
@@ -132,7 +134,7 @@ class AttentionCapture:
         """Apply layer `layer`'s normaliser and top-k selection to causal scores (..., L, L) (already / T)."""
         spec = self.spec(layer)
         n = scores.shape[-1]
-        allowed = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        allowed = causal_visible(n, scores.device)
         if spec.is_stock_softmax:
             return masked_softmax(scores, allowed)
         norm = self.normalizer(layer)

@@ -13,7 +13,6 @@ logs/analysis/<model name>/; an existing folder is never overwritten: a suffix -
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -68,9 +67,10 @@ def check_numbers(args) -> None:
     for n in (args.ns or []) + [args.n_fixed]:
         if n < 1:
             raise AnalyzeError(f"N must be >= 1, got N={n}")
-    for t in args.temperatures or []:
-        if not (t > 0 and math.isfinite(t)):
-            raise AnalyzeError(f"temperature must be finite and > 0, got T={t}")
+    if args.temperatures:
+        from .rows import check_temperatures
+
+        check_temperatures(args.temperatures)  # the analyses' own check, before the model loads
     if args.threads is not None and args.threads < 1:
         raise AnalyzeError(f"--threads must be >= 1, got {args.threads}")
     if args.mc_samples < 0:
@@ -298,54 +298,14 @@ def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# TensorBoard
-
-
-def write_tensorboard(results: dict, out: Path) -> Path:
-    """Scalars per layer (step = layer index): distance per L, separability per N, gradient g per T, N* per L."""
-    import numpy as np
-    from torch.utils.tensorboard import SummaryWriter
-
-    ch = results["choices"]
-
-    def mean(values):
-        vals = [v for v in values if v is not None]
-        return float(np.mean(vals)) if vals else float("nan")
-
-    writer = SummaryWriter(log_dir=str(out))
-    try:
-        for layer, rows in zip(ch["layers"], results["alg1_distance_vs_length"]["d_sum_outside"]):
-            for length, heads in zip(ch["lengths"], rows):
-                writer.add_scalar(f"analysis/distance/L_{length}", mean(heads), layer)
-        for layer, rows in zip(ch["layers"], results["alg2_distance_vs_n"]["d_sum_outside"]):
-            for n, heads in zip(ch["ns"], rows):
-                writer.add_scalar(f"analysis/distance_vs_n/N_{n}", mean(heads), layer)
-        for layer, rows in zip(ch["layers"], results["alg4_separability"]["ratio"]):
-            for n, heads in zip(ch["separability_ns"], rows):
-                writer.add_scalar(f"analysis/separability/N_{n}", mean(heads), layer)
-        for layer, heads in zip(ch["layers"], results["alg5_gradient"]["g_per_head"]):
-            for ti, t in enumerate(ch["temperatures"]):
-                writer.add_scalar(f"analysis/gradient/T_{t:g}", max(h[ti][0] for h in heads), layer)
-        for layer, heads in zip(ch["layers"], results["lemma1_dilution"]["max_weight"]):
-            for li, length in enumerate(ch["lengths"]):
-                writer.add_scalar(f"analysis/max_weight/L_{length}", mean([h[li] for h in heads]), layer)
-        for res in results["alg3_critical_n"]:
-            for alpha, n_star in res["n_star"].items():
-                if n_star is not None:
-                    writer.add_scalar(f"analysis/critical_n/alpha_{alpha}", n_star, res["length"])
-    finally:
-        writer.close()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def run(args) -> Path:
     import torch
 
-    from .outputs import write_outputs
-    from .run import PAPER_NS, analyze
+    from .grids import PAPER_NS
+    from .outputs import write_outputs, write_tensorboard
+    from .run import analyze
 
     check_numbers(args)
     from study.pretrained import EMBEDDED_MODELS, resolve_model

@@ -11,6 +11,13 @@ Conventions (used by the elementwise functions and by the reductions alike):
   that masks with a large negative number instead of -inf (or gives padded rows some weights) is measured
   the same way.
 * 0 log 0 = 0, so exact zeros (top-k, sparsemax, entmax) never produce NaN.
+* Rows that do not sum to 1 (Self-Adjust Softmax, whose "plain" variant has negative weights) become
+  distributions by `as_distribution`, |w| / sum |w|: the weight's magnitude says where the row looks. This is the
+  project's one convention: the monitors apply it to such normalisers before every distribution statistic
+  (`study.callbacks.base.row_distribution`), and the analyses' entropy (`study.analysis.dilution`) applies it
+  to every row (for rows that already sum to 1 it changes nothing but rounding). A row of zeros stays zero
+  (entropy 0). Each statistic is then computed by one function here (`row_entropy` for the entropy, also
+  inside the reductions), so the same weights give the same number in training and in the analyses.
 * A row with n = 0 (fully masked, padding) is *invalid*: every per-row function returns 0 there and the
   reductions leave it out of every sum and count.
 * A row with n = 1 is *degenerate* for the normalised entropy: H / log(n) is 0 / 0. `normalized_entropy`
@@ -38,7 +45,8 @@ def visible_count(allowed: Tensor) -> Tensor:
 
 
 def as_distribution(weights: Tensor) -> Tensor:
-    """|w| / sum |w| per row, for normalisers whose rows do not sum to 1 (Self-Adjust Softmax).
+    """|w| / sum |w| per row, for normalisers whose rows do not sum to 1 (Self-Adjust Softmax): the project's one
+    convention for such rows (module docstring).
 
     Distribution statistics (entropy, KL/TV to uniform, top-k mass) then describe where the row puts its
     magnitude. Rows of all zeros stay zero.
@@ -103,21 +111,28 @@ def topk_mass(weights: Tensor, k: int) -> Tensor:
     return weights.topk(k, dim=-1).values.sum(-1)
 
 
-def _selection_tv_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Tensor:
-    """TV between the renormalised top-min(k, n) weights and uniform over those keys.
+def _renormalised_top(top: Tensor, cum: Tensor, n: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The selected keys of each row, renormalised: (p, selected, m, kept).
 
     `top` holds each row's largest weights in descending order (at least k columns if Lk allows), `cum` their
-    cumulative sum, `n` the visible count. Only the first m = min(k, n) columns count as selected.
+    cumulative sum, `n` the visible count. Only the first m = min(k, n) columns count as selected (`selected`,
+    bool); p is top / (their mass). `kept` is False for rows with n = 0 or no selected mass (all-zero padding):
+    the statistics below give 0 there and the caller drops them.
     """
     kk = min(k, top.shape[-1])
     m = n.clamp(min=1, max=kk)
     mass = cum.gather(-1, (m - 1).unsqueeze(-1)).squeeze(-1)
-    # Renormalise; a row whose selected mass is 0 (all-zero padding) stays 0 and is dropped by the caller.
     p = top[..., :kk] / mass.clamp(min=torch.finfo(top.dtype).tiny).unsqueeze(-1)
     selected = torch.arange(kk, device=top.device) < m.unsqueeze(-1)
+    return p, selected, m, (n >= 1) & (mass > 0)
+
+
+def _selection_tv_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Tensor:
+    """TV between the renormalised top-min(k, n) weights and uniform over those keys (see `_renormalised_top`)."""
+    p, selected, m, kept = _renormalised_top(top, cum, n, k)
     inv_m = 1.0 / m.to(top.dtype)
     tv = 0.5 * torch.where(selected, (p - inv_m.unsqueeze(-1)).abs(), 0.0).sum(-1)
-    return torch.where((n >= 1) & (mass > 0), tv, 0.0)
+    return torch.where(kept, tv, 0.0)
 
 
 def _selection_entropy_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) -> Tensor:
@@ -126,13 +141,8 @@ def _selection_entropy_from_sorted(top: Tensor, cum: Tensor, n: Tensor, k: int) 
     For one fixed row this is non-decreasing in k (adding a key changes H by h(w) - (1 - w) H_k >= 0), so
     comparing k within a run is a sanity check; comparing the same k across T or over training is not.
     """
-    kk = min(k, top.shape[-1])
-    m = n.clamp(min=1, max=kk)
-    mass = cum.gather(-1, (m - 1).unsqueeze(-1)).squeeze(-1)
-    p = top[..., :kk] / mass.clamp(min=torch.finfo(top.dtype).tiny).unsqueeze(-1)
-    selected = torch.arange(kk, device=top.device) < m.unsqueeze(-1)
-    p = torch.where(selected, p, 0.0)
-    return torch.where((n >= 1) & (mass > 0), -torch.xlogy(p, p).sum(-1), 0.0)
+    p, selected, _, kept = _renormalised_top(top, cum, n, k)
+    return torch.where(kept, row_entropy(torch.where(selected, p, 0.0)), 0.0)
 
 
 def selection_entropy(weights: Tensor, allowed: Tensor, k: int) -> Tensor:
@@ -176,7 +186,7 @@ def by_visible_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
     onehot = F.one_hot(visible_bin(n), VISIBLE_BINS).to(torch.float64)  # (B, H, Lq, bins)
     onehot = onehot * valid.unsqueeze(-1)
-    entropy = -torch.xlogy(w, w).sum(-1)
+    entropy = row_entropy(w)
     h_norm = torch.where(nondegenerate, entropy / log_n.clamp(min=math.log(2)), 0.0)
     return {
         "by_n/rows": onehot.sum((0, 2)),
@@ -266,7 +276,7 @@ def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     """`summarize_rows` restricted to rows, rows_nondegenerate, entropy and normalized_entropy: no top-k, so it
     costs about a third of the full summary (the entropy monitor needs nothing else)."""
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
-    entropy = -torch.xlogy(w, w).sum(-1)
+    entropy = row_entropy(w)
     per_row = {
         "entropy": (entropy, valid),
         "normalized_entropy": (entropy / log_n.clamp(min=math.log(2)), nondegenerate),
@@ -291,7 +301,7 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
     """
     Lk = weights.shape[-1]
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
-    entropy = -torch.xlogy(w, w).sum(-1)
+    entropy = row_entropy(w)
     # TV to uniform = sum_i (a_i - 1/n)_+ because both distributions sum to 1 over the visible keys; masked
     # keys hold 0 < 1/n and drop out of the positive part, so no mask is needed here.
     inv_n = 1.0 / n.clamp(min=1).to(torch.float32)

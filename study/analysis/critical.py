@@ -1,0 +1,117 @@
+"""Algorithm 3: the critical N*, the first N whose per-head distances d and expectations E are indistinguishable.
+
+Per L, per N on a grid: a two-sample KS test between per-head d and per-head E over ALL heads of all layers;
+N* = first N with p >= alpha (alpha 0.01 as in the paper's text, 0.05 as in its pseudocode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import plots
+from .distance import distance_stats
+from .registration import Analysis, LayerInput, Settings, plain, prefix_means
+
+
+def critical_n(d_heads: torch.Tensor, e_heads: torch.Tensor, ns: Sequence[int],
+               alphas: Sequence[float] = (0.01, 0.05)) -> dict:
+    """Algorithm 3: the first N whose per-head distances d and expectations E are KS-indistinguishable.
+
+    d_heads, e_heads: (G, heads) token-averaged d and E per head (NaN heads are dropped). For each N in
+    increasing order a two-sample KS test (scipy.stats.ks_2samp) compares the two samples over heads;
+    N* = first N with p >= alpha. Returns p-values per N and N* per alpha (None if never reached).
+    """
+    from scipy.stats import ks_2samp
+
+    ns = [int(n) for n in ns]
+    if d_heads.shape != e_heads.shape or d_heads.shape[0] != len(ns):
+        raise ValueError(f"d_heads {tuple(d_heads.shape)} and e_heads {tuple(e_heads.shape)} must be (len(ns), heads)")
+    pvalues, stats = [], []
+    for g in range(len(ns)):
+        d = d_heads[g][~torch.isnan(d_heads[g])].double().cpu().numpy()
+        e = e_heads[g][~torch.isnan(e_heads[g])].double().cpu().numpy()
+        if len(d) == 0 or len(e) == 0:
+            pvalues.append(None)
+            stats.append(None)
+            continue
+        test = ks_2samp(d, e)
+        pvalues.append(float(test.pvalue))
+        stats.append(float(test.statistic))
+    star = {}
+    for alpha in alphas:
+        hit = [n for n, p in zip(ns, pvalues) if p is not None and p >= alpha]
+        star[str(alpha)] = hit[0] if hit else None
+    return {"ns": ns, "pvalues": pvalues, "ks_statistics": stats, "n_star": star, "alphas": list(alphas)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registration
+
+
+def _layer(settings: Settings, layer: LayerInput) -> dict:
+    """Per-head d and E over the critical grid of N, at each L: (nL, G, H) each."""
+    lengths = settings.grids.lengths
+    c = distance_stats(layer.weights, layer.vectors, settings.grids.critical_ns, bound=False)
+    return {"d": prefix_means(c["d_sum_outside"], lengths), "e": prefix_means(c["expectation"], lengths)}
+
+
+def _results(settings: Settings, per_layer: list[dict]) -> dict:
+    """N* per L over all heads of all layers."""
+    g = settings.grids
+    crit_d = torch.cat([layer["d"] for layer in per_layer], dim=-1)  # (nL, G, layers * heads)
+    crit_e = torch.cat([layer["e"] for layer in per_layer], dim=-1)
+    out = []
+    for li, n_len in enumerate(g.lengths):
+        grid = [n for n in g.critical_ns if n <= n_len]
+        rows = [g.critical_ns.index(n) for n in grid]
+        res = critical_n(crit_d[li, rows], crit_e[li, rows], grid, settings.alphas)
+        res["length"] = n_len
+        res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
+        out.append(res)
+    return {"alg3_critical_n": plain(out)}
+
+
+def _figures(results: dict, out: Path) -> dict[str, Path]:
+    plt, ch = plots.pyplot(), results["choices"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for alpha in ch["alphas"]:
+        pts = [(r["length"], r["n_star"][str(alpha)]) for r in results["alg3_critical_n"]
+               if r["n_star"][str(alpha)] is not None]
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=f"N* (KS alpha={alpha})")
+    ls = np.array(ch["lengths"], dtype=float)
+    ax.plot(ls, 0.06 * ls, "k--", label="paper: 0.06 L")
+    ax.set_xlabel("L")
+    ax.set_ylabel("critical N*")
+    ax.set_title("Fig. 2c: critical N vs L")
+    ax.legend()
+    return {"fig2c": plots.save(fig, out / "fig2c_critical_n.png")}
+
+
+def _scalars(results: dict):
+    """N* per alpha, step = L."""
+    for res in results["alg3_critical_n"]:
+        for alpha, n_star in res["n_star"].items():
+            if n_star is not None:
+                yield f"analysis/critical_n/alpha_{alpha}", n_star, res["length"]
+
+
+def _claims(results: dict) -> list[dict]:
+    """N* ~ 0.06 L at the longest L, per alpha."""
+    claims = []
+    last = results["alg3_critical_n"][-1]
+    for alpha in results["choices"]["alphas"]:
+        frac = last["n_star_over_length"][str(alpha)]
+        verdict = "not reached" if frac is None else ("consistent" if 0.03 <= frac <= 0.12 else "inconsistent")
+        claims.append({"claim": f"N* ~ 0.06 L (KS alpha={alpha}, L={last['length']})",
+                       "measured": None if frac is None else f"N*={last['n_star'][str(alpha)]}, N*/L={frac:.3f}",
+                       "rule": "consistent if 0.03 <= N*/L <= 0.12 (within 2x of 0.06)", "verdict": verdict})
+    return claims
+
+
+CRITICAL = Analysis(name="alg3_critical", layer=_layer, results=_results, figures=_figures, scalars=_scalars,
+                    claims=_claims)

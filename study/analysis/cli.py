@@ -214,7 +214,8 @@ def checkpoint_tokenizer(ckpt: Path, hparams: dict):
 def load_model_and_tokenizer(args, kind: str):
     """(model, tokenizer, context). The model is in eval mode on args.device."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from study.pretrained import load_causal_lm
 
     if kind == "ckpt":
         from study.attention import AttentionSpec
@@ -236,13 +237,13 @@ def load_model_and_tokenizer(args, kind: str):
                     f"no tokenizer found for checkpoint {args.model}: none saved beside it, no config.yaml naming "
                     "one; pass --tokenizer gpt2 or --tokenizer DIR")
     elif kind == "dir":
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = load_causal_lm(args.model)
         tok_spec = args.tokenizer or args.model
         if not args.tokenizer and not _is_tokenizer_dir(Path(args.model)):
             raise AnalyzeError(f"model directory {args.model} holds no tokenizer; pass --tokenizer gpt2 or DIR")
         tok = load_tokenizer(tok_spec)
     else:
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = load_causal_lm(args.model)
         if args.tokenizer:
             tok = load_tokenizer(args.tokenizer)
         elif args.model == "gpt2":

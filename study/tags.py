@@ -100,6 +100,13 @@ def normalizer(parameter: str) -> str:
     return f"normalizer/{parameter}"
 
 
+# ---- study analyze --tensorboard -------------------------------------------------------------------------------
+def analysis(quantity: str, axis: str, value: object) -> str:
+    """``analysis/{quantity}/{axis}_{value}``: e.g. ``analysis/distance/L_256`` (step = layer),
+    ``analysis/gradient/T_0.1``, ``analysis/critical_n/alpha_0.05`` (step = L)."""
+    return f"analysis/{quantity}/{axis}_{value}"
+
+
 # ---- study probe ------------------------------------------------------------------------------------------------
 def probe(quantity: str) -> str:
     """``probe/{quantity}`` (loss, grad_norm/attn_qk, jacobian/p50, ...), one step per temperature."""

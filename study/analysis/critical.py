@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from study import tags
+
 from . import plots
 from .distance import distance_stats
 from .registration import Analysis, LayerInput, Settings, plain, prefix_means
@@ -97,7 +99,7 @@ def _scalars(results: dict):
     for res in results["alg3_critical_n"]:
         for alpha, n_star in res["n_star"].items():
             if n_star is not None:
-                yield f"analysis/critical_n/alpha_{alpha}", n_star, res["length"]
+                yield tags.analysis("critical_n", "alpha", alpha), n_star, res["length"]
 
 
 def _claims(results: dict) -> list[dict]:

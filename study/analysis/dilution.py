@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from study import tags
 from study.metrics import as_distribution, row_entropy
 
 from . import plots
@@ -80,7 +81,7 @@ def _scalars(results: dict):
     ch = results["choices"]
     for layer, heads in zip(ch["layers"], results["lemma1_dilution"]["max_weight"]):
         for li, length in enumerate(ch["lengths"]):
-            yield f"analysis/max_weight/L_{length}", mean_of([h[li] for h in heads]), layer
+            yield tags.analysis("max_weight", "L", length), mean_of([h[li] for h in heads]), layer
 
 
 DILUTION = Analysis(name="lemma1_dilution", layer=_layer, results=_results, csv_rows=_csv_rows,

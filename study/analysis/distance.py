@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from study import tags
+
 from . import plots
 from .registration import Analysis, LayerInput, Settings, mean_of, per_head_rows, prefix_means, stack_layers
 from .rows import DEFAULT_BUDGET, check_ns, distances_to, flatten_rows, row_chunk, top_ranks
@@ -224,10 +226,10 @@ def _scalars(results: dict):
     ch = results["choices"]
     for layer, rows in zip(ch["layers"], results["alg1_distance_vs_length"]["d_sum_outside"]):
         for length, heads in zip(ch["lengths"], rows):
-            yield f"analysis/distance/L_{length}", mean_of(heads), layer
+            yield tags.analysis("distance", "L", length), mean_of(heads), layer
     for layer, rows in zip(ch["layers"], results["alg2_distance_vs_n"]["d_sum_outside"]):
         for n, heads in zip(ch["ns"], rows):
-            yield f"analysis/distance_vs_n/N_{n}", mean_of(heads), layer
+            yield tags.analysis("distance_vs_n", "N", n), mean_of(heads), layer
 
 
 DISTANCE = Analysis(name="alg1_2_distance", layer=_layer, results=_results, csv_rows=_csv_rows,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from study import tags
 from study.attention.normalizers import masked_softmax
 from study.metrics import softmax_jacobian_norm
 
@@ -154,7 +155,7 @@ def _scalars(results: dict):
     ch = results["choices"]
     for layer, heads in zip(ch["layers"], results["alg5_gradient"]["g_per_head"]):
         for ti, t in enumerate(ch["temperatures"]):
-            yield f"analysis/gradient/T_{t:g}", max(h[ti][0] for h in heads), layer
+            yield tags.analysis("gradient", "T", f"{t:g}"), max(h[ti][0] for h in heads), layer
 
 
 def _claims(results: dict) -> list[dict]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from study import tags
+
 from . import plots
 from .registration import (
     Analysis,
@@ -157,7 +159,7 @@ def _scalars(results: dict):
     ch = results["choices"]
     for layer, rows in zip(ch["layers"], results["alg4_separability"]["ratio"]):
         for n, heads in zip(ch["separability_ns"], rows):
-            yield f"analysis/separability/N_{n}", mean_of(heads), layer
+            yield tags.analysis("separability", "N", n), mean_of(heads), layer
 
 
 def _claims(results: dict) -> list[dict]:

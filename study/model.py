@@ -23,6 +23,7 @@ from torchmetrics.aggregation import MeanMetric
 from transformers import GPT2Config, GPT2LMHeadModel
 from typing_extensions import override
 
+from study import tags
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
 from study.hparams import HPARAMS_METRICS, write_session
 from study.pretrained import declare_causal_lm_loss, load_causal_lm
@@ -135,8 +136,8 @@ class CausalLMModule(L.LightningModule):
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
         loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach().float().clamp(max=50)))
+        self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
+        self.log(tags.TRAIN_PPL, torch.exp(loss.detach().float().clamp(max=50)))
         return loss
 
     @override
@@ -149,8 +150,8 @@ class CausalLMModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/ppl", torch.exp(loss.float().clamp(max=50)))
+        self.log(tags.VAL_LOSS, loss, prog_bar=True)
+        self.log(tags.VAL_PPL, torch.exp(loss.float().clamp(max=50)))
 
     @override
     def configure_optimizers(self) -> OptimizerLRScheduler:

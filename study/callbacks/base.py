@@ -30,13 +30,14 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
+from study import tags
 from study.attention import NORMALIZERS, AttentionSpec, tapping
 from study.metrics import as_distribution
 
 Sums = dict[int, dict[str, Tensor]]
 
 TRAIN, VAL = "train", "val"
-PREFIX = {TRAIN: "", VAL: "val/"}
+PREFIX = {TRAIN: "", VAL: tags.VAL_PREFIX}
 
 
 def _is_max(key: str) -> bool:

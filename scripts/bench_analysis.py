@@ -21,7 +21,7 @@ import torch
 
 
 def bench_oracle(length: int, repeats: int, oracle_rows: int | None) -> dict:
-    from study.analysis.run import benchmark_against_oracle
+    from study.analysis.protocol import benchmark_against_oracle
 
     runs = [benchmark_against_oracle(length, oracle_rows=oracle_rows, seed=0) for _ in range(repeats)]
     vec = statistics.median(r["vectorised_s"] for r in runs)

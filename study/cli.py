@@ -33,7 +33,7 @@ from study.sweep.spec import SweepSpecError, load_yaml
 VERBS: dict[str, str] = {
     "sweep": "study.sweep",
     "report": "study.report",
-    "analyze": "study.analysis.cli",
+    "analyze": "study.analysis.command",
     "bench": "study.bench",
     "probe": "study.probe",
 }

@@ -52,7 +52,7 @@ def test_capture_matches_eager_attention(model_cls, make_config):
 
 
 def test_prefix_capture_equals_slice():
-    """Causal models: the capture of a prefix equals the slice of the full capture (run.py relies on it)."""
+    """Causal models: the capture of a prefix equals the slice of the full capture (protocol.py relies on it)."""
     torch.manual_seed(1)
     model = LlamaForCausalLM(_llama_config()).eval()
     ids = torch.randint(0, 64, (1, 24))

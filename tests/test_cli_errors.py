@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from study.analysis.cli import AnalyzeError, read_text
+from study.analysis.command import AnalyzeError, read_text
 from study.cli import main
 from study.data import TextDataModule, text_problem
 from tests.test_cli import fit_args

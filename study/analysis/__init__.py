@@ -10,7 +10,7 @@ from .dilution import dilution_stats
 from .distance import distance_stats
 from .gradient import gradient_sensitivity
 from .outputs import write_outputs
-from .run import analyze, benchmark_against_oracle, compare_with_paper
+from .protocol import analyze, benchmark_against_oracle, compare_with_paper
 from .separability import separability_stats
 
 __all__ = [

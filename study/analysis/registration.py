@@ -4,7 +4,7 @@ rows of per_head.csv, its figures, TensorBoard scalars and claims), what it is h
 
 Each analysis module (`distance.py`, `critical.py`, `separability.py`, `gradient.py`, `dilution.py`) holds its
 algorithm and its `Analysis`; `table.ANALYSES` lists them in the order they run and appear in every output. The
-runner (`run.py`) and the writers (`outputs.py`: files and `--tensorboard` scalars) only iterate over that table.
+runner (`protocol.py`) and the writers (`outputs.py`: files and `--tensorboard` scalars) only iterate over that table.
 """
 
 from __future__ import annotations

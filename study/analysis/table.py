@@ -2,8 +2,8 @@
 figures, the TensorBoard scalars and claims.md.
 
 To add an analysis: a module holding its algorithm and its `Analysis` record (`registration.py` says what each
-field does; `dilution.py` is the smallest example), and its line here. `run.py` and `outputs.py` iterate over this
-table and need no change; a new grid or command-line option also touches `grids.py` and `cli.py`.
+field does; `dilution.py` is the smallest example), and its line here. `protocol.py` and `outputs.py` iterate over this
+table and need no change; a new grid or command-line option also touches `grids.py` and `command.py`.
 """
 
 from .critical import CRITICAL

@@ -27,7 +27,7 @@ What is measured, in ONE process:
   its allocation/free events (the most tensor memory live at once during the step, above what was live before
   it), plus the bytes that live across steps (parameters, buffers, AdamW state). Monitor variants are profiled on
   a logging step (their peak).
-- Analysis speed: `study.analysis.run.benchmark_against_oracle` (vectorised Theorem-1 statistics vs the per-row
+- Analysis speed: `study.analysis.protocol.benchmark_against_oracle` (vectorised Theorem-1 statistics vs the per-row
   loop oracle), repeated, median.
 - On a GPU also tokens/s (always reported) and model FLOPs utilisation: ``6 * params * tokens/s / peak_flops``
   (all parameters, embeddings included; attention's own L^2 FLOPs are left out, as in the usual 6ND estimate).
@@ -42,11 +42,11 @@ timing round (interleaved shapes) or per variant's fit (one-at-a-time shapes), a
 """
 
 from study.bench.budgets import BUDGETS, budgets
-from study.bench.cli import main, parse_args, settings_from_args
+from study.bench.command import main, parse_args, settings_from_args
 from study.bench.markdown import to_markdown, write
 from study.bench.parity import check_parity
-from study.bench.run import machine, run_benchmark
 from study.bench.shapes import GPU_SUITE, SHAPES, Settings, Shape, Variant, variants
+from study.bench.suite import machine, run_benchmark
 
 __all__ = [
     "BUDGETS",

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from study.analysis.cli import main
+from study.analysis.command import main
 from study.attention import AttentionSpec
 from tests.conftest import tiny_gpt2_config
 
@@ -122,4 +122,4 @@ def test_missing_and_empty_inputs(saved, tmp_path, capsys):
 def test_verb_is_registered():
     from study.cli import VERBS
 
-    assert VERBS["analyze"] == "study.analysis.cli"
+    assert VERBS["analyze"] == "study.analysis.command"

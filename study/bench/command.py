@@ -9,8 +9,8 @@ import sys
 import torch
 
 from study.bench.markdown import to_markdown, write
-from study.bench.run import run_benchmark
 from study.bench.shapes import GPU_SUITE, H100_BF16_PEAK_FLOPS, SHAPES, Settings
+from study.bench.suite import run_benchmark
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

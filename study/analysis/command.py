@@ -306,7 +306,7 @@ def run(args) -> Path:
 
     from .grids import PAPER_NS
     from .outputs import write_outputs, write_tensorboard
-    from .run import analyze
+    from .protocol import analyze
 
     check_numbers(args)
     from study.pretrained import EMBEDDED_MODELS, resolve_model

@@ -175,3 +175,19 @@ def test_top1_runs_are_counted_once():
 def test_spikes_are_counted_from_step_zero():
     assert S.count_spikes([(0, 5.0), (1, 6.5), (2, 4.0), (3, float("nan"))]) == 2
     assert S.count_spikes([(0, 5.0), (1, 5.5)]) == 0
+
+
+def test_report_warns_when_runs_also_vary_an_axis_the_findings_pool_over(tmp_path):
+    """A sweep over learning_rate as well: the report says the findings pool its values; without it, no caution."""
+    from study.report.build import other_axes, report_text
+    from study.report.read import RunData
+
+    def with_params(s, **params):
+        s.run = RunData(s.name, tmp_path, {"temperature": s.temperature, "seed": s.seed, **params}, {}, {}, {})
+        return s
+
+    runs = [with_params(run(t, seed), learning_rate=lr) for t in TEMPS for seed in SEEDS for lr in (1e-3, 3e-3)]
+    assert other_axes(runs) == ["learning_rate"]
+    assert "also vary `learning_rate`" in report_text("x", "x", runs, runs, {}, None, [])
+    same = [with_params(run(t, seed), learning_rate=1e-3) for t in TEMPS for seed in SEEDS]
+    assert other_axes(same) == [] and "Caution" not in report_text("x", "x", same, same, {}, None, [])

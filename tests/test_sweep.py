@@ -132,7 +132,7 @@ def test_killed_run_resumes_without_duplicate_or_missing_steps(tmp_path):
         ({"normalizer": ["nope"]}, {}, "unknown normalizer"),
         ({"temprature": [1.0]}, {}, "unknown key(s) ['temprature']"),
         ({"temperature": [1.0]}, {"learning_rate": 1}, "unknown key(s) ['learning_rate']"),
-        ({"temperature": [1.0]}, {"overrides": {"model.attention.temperature": 2}}, "grid owns"),
+        ({"temperature": [1.0]}, {"overrides": {"model.attention.temperature": 2}}, "which the grid varies"),
         ({"temperature": [1.0]}, {"guard": {"action": "explode"}}, "action"),
     ],
 )

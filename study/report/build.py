@@ -28,6 +28,19 @@ def load_probe(sweep_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+PAPER_AXES = ("temperature", "top_k", "normalizer", "seed")  # what the findings group and pool runs by
+
+
+def other_axes(summaries: list[Summary]) -> list[str]:
+    """Grid axes beyond the paper's (e.g. learning_rate) whose values differ between these runs."""
+    values: dict[str, set[str]] = {}
+    for s in summaries:
+        for key, value in (s.run.params if s.run is not None else {}).items():
+            if key not in PAPER_AXES:
+                values.setdefault(key, set()).add(json.dumps(value))
+    return sorted(key for key, seen in values.items() if len(seen) > 1)
+
+
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str],
@@ -39,6 +52,7 @@ def report_text(
             states[s.state] = states.get(s.state, 0) + 1
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
+    others = other_axes(all_runs)
     parts = [
         f"# Sweep report: {title}",
         "",
@@ -48,6 +62,11 @@ def report_text(
         "",
         "## Findings",
         "",
+        *(
+            [f"Caution: these runs also vary {', '.join(f'`{k}`' for k in others)}. The findings pool the runs of one "
+             "temperature and top-k as replicates across those values; sweep them apart to judge each value.", ""]
+            if others else []
+        ),
         md.findings_table(findings(summaries, probe)),
         "",
         md.definitions(),

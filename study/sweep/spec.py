@@ -1,6 +1,7 @@
 """Sweep specification (`configs/sweeps/<name>.yaml`) and the plan of runs it expands to.
 
-A sweep is a grid over temperature, top_k, normalizer and seed on top of a base `study fit` config. Each run is
+A sweep is a grid over the axes of `study.sweep.axes` (temperature, top_k, normalizer, seed, learning_rate) on top
+of a base `study fit` config. Each run is
 exactly `study fit --config <base> <overrides> <grid values> <logger/checkpoint placement>`; its argument list is
 kept in the plan, so any run can be reproduced by hand with `study fit <args>`.
 
@@ -21,15 +22,8 @@ from typing import Any
 import yaml
 
 from study.report.read import dotted_get
+from study.sweep.axes import AXES, BY_KEY, GRID_KEYS, run_name
 
-GRID_KEYS = ("temperature", "top_k", "normalizer", "seed")
-# grid key -> `study fit` argument it sets
-GRID_ARGS = {
-    "temperature": "model.attention.temperature",
-    "top_k": "model.attention.top_k",
-    "normalizer": "model.attention.normalizer",
-    "seed": "seed_everything",
-}
 TOP_KEYS = {
     "name",
     "base",
@@ -121,47 +115,15 @@ class Plan:
         }
 
     def hparams_domains(self) -> dict[str, list]:
-        """Each grid setting's values over the runs, under the names the runs' HParams sessions use
-        (the LightningModule's `hparam_summary`), for the sweep's one HParams experiment."""
-        names = {"temperature": "attention/temperature", "top_k": "attention/top_k",
-                 "normalizer": "attention/normalizer", "seed": "seed"}
-        return {
-            names[key]: [0 if key == "top_k" and run.params[key] is None else run.params[key] for run in self.runs]
-            for key in GRID_KEYS
-        }
-
-
-def exact(value: float) -> str:
-    """The shortest text that reads back as exactly this float (1.0 -> "1", 0.1234561 -> "0.1234561").
-
-    Run names must not round: with 6 significant digits two temperatures shared a folder, and the second run
-    "resumed" the first one's finished checkpoint.
-    """
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
-
-
-def run_name(temperature: float, top_k: int | None, normalizer: str, seed: int) -> str:
-    """Directory name of a run, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible key); distinct settings
-    give distinct names."""
-    return f"T{exact(temperature)}_k{'all' if top_k is None else top_k}_{normalizer}_s{seed}"
-
-
-def _same_key(key: str, value: Any) -> Any:
-    """What makes two grid values the same setting: 1 and 1.0 are one temperature (and one top_k, one seed)."""
-    if (
-        key in ("temperature", "top_k", "seed")
-        and isinstance(value, (int, float))
-        and not isinstance(value, bool)
-    ):
-        return ("number", float(value))
-    return ("value", json.dumps(value))
+        """Each axis's values over the runs, under the names the runs' HParams sessions use (the LightningModule's
+        `hparam_summary`), for the sweep's one HParams experiment."""
+        return {axis.hparam: [axis.hparam_value(run.params[axis.key]) for run in self.runs] for axis in AXES}
 
 
 def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
     kept: dict[Any, Any] = {}
     for value in values:
-        same = _same_key(key, value)
+        same = BY_KEY[key].same(value)
         if same in kept:
             notes.append(
                 f"grid `{key}` lists {kept[same]!r} and {value!r}, the same setting: merged into one run"
@@ -208,40 +170,29 @@ def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
             raise SweepSpecError(
                 f"`{section}` key {key!r} is not a `study fit` option (expected trainer.*, model.*, data.* or seed_everything)"
             )
-        if key in GRID_ARGS.values():
-            raise SweepSpecError(f"`{section}` sets {key!r}, which the grid owns; put its values in `grid`")
     return dict(overrides)
 
 
 def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
-    from study.attention import AttentionSpec
-
     if not isinstance(grid, dict) or not grid:
         raise SweepSpecError("`grid` is empty: give at least one of " + ", ".join(GRID_KEYS))
     _check_keys("grid", grid, set(GRID_KEYS))
     out: dict[str, list] = {}
-    for key in GRID_KEYS:
-        values = grid.get(key)
+    for axis in AXES:
+        values = grid.get(axis.key)
         if values is None:
             continue
         if not isinstance(values, list):
             values = [values]
         if not values:
-            raise SweepSpecError(f"grid `{key}` is an empty list")
-        values = _merge_duplicates(key, values, notes)
+            raise SweepSpecError(f"grid `{axis.key}` is an empty list")
+        values = _merge_duplicates(axis.key, values, notes)
         for value in values:
             try:
-                if key == "temperature":
-                    AttentionSpec(temperature=value)
-                elif key == "top_k":
-                    AttentionSpec(top_k=value)
-                elif key == "normalizer":
-                    AttentionSpec(normalizer=value)
-                elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"seed must be a non-negative integer, got {value!r}")
+                axis.check(value)
             except ValueError as err:
-                raise SweepSpecError(f"grid `{key}` value {value!r} is invalid: {err}") from None
-        out[key] = values
+                raise SweepSpecError(f"grid `{axis.key}` value {value!r} is invalid: {err}") from None
+        out[axis.key] = values
     return out
 
 
@@ -344,6 +295,9 @@ def build_plan(
         name = f"{name}-quick"
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
+    owned = sorted(key for key in overrides if key in {BY_KEY[k].option for k in grid})
+    if owned:
+        raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     guard = spec.get("guard") or {}
     _check_keys("guard", guard, GUARD_KEYS)
     checkpoint = spec.get("checkpoint") or {}
@@ -437,27 +391,15 @@ def build_plan(
         pretrained_path = str(p_dir / "hf")
 
     runs = []
-    values = [grid.get(k, [None]) for k in GRID_KEYS]
-    base_attention = (
-        ((base_config.get("model") or {}).get("attention") or {})
-        if isinstance(base_config.get("model"), dict)
-        else {}
-    )
-    defaults = {
-        "temperature": base_attention.get("temperature", 1.0),
-        "top_k": base_attention.get("top_k"),
-        "normalizer": base_attention.get("normalizer", "softmax"),
-        "seed": base_config.get("seed_everything") or 0,
-    }
-    for index, combo in enumerate(itertools.product(*values)):
-        params = {k: (v if k in grid else defaults[k]) for k, v in zip(GRID_KEYS, combo)}
-        rname = run_name(params["temperature"], params["top_k"], params["normalizer"], params["seed"])
+    # An axis the grid leaves out keeps the value the runs get anyway (an override's, else the base config's).
+    fixed = {axis.key: overrides.get(axis.option, axis.base_value(base_config)) for axis in AXES}
+    for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in AXES))):
+        params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(AXES, combo)}
+        rname = run_name(params, swept=set(grid))
         settings = dict(overrides)
         if pretrained_path:
             settings["model.model_name_or_path"] = pretrained_path
-        for key in GRID_KEYS:
-            if key in grid:
-                settings[GRID_ARGS[key]] = params[key]
+        settings.update({axis.option: params[axis.key] for axis in AXES if axis.key in grid})
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
         # cannot happen with exact names; never let two runs share a folder silently

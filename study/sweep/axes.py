@@ -1,0 +1,99 @@
+"""The axes a sweep's grid may vary, declared once.
+
+Everything the sweep does with a grid value reads it from here: which `study fit` option it sets, what it is called
+in the HParams table, its part of the run's folder name, how a value is checked (before any run starts), when two
+values are the same setting, and the value a run gets when the grid leaves the axis out (the base config's).
+
+Adding an axis is one entry in `AXES` (and, if the report should group runs by it, one place in `study.report`):
+the spec's `grid:` accepts it, runs get its option, its folder-name part and its HParams column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from study.report.read import dotted_get
+
+
+def exact(value: float) -> str:
+    """The shortest text that reads back as exactly this float (1.0 -> "1", 0.1234561 -> "0.1234561").
+
+    Run names must not round: with 6 significant digits two temperatures shared a folder, and the second run
+    "resumed" the first one's finished checkpoint.
+    """
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _attention_check(field: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        from study.attention import AttentionSpec  # the spec's own validation: one rule for a sweep and a run
+
+        AttentionSpec(**{field: value})
+
+    return check
+
+
+def _seed_check(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {value!r}")
+
+
+def _positive_check(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of a sweep's grid."""
+
+    key: str  # its name under the spec's `grid:`
+    option: str  # the `study fit` option it sets
+    hparam: str  # its column in TensorBoard's HParams (as `CausalLMModule.hparam_summary` names it)
+    label: Callable[[Any], str]  # its part of a run's folder name; distinct values give distinct parts
+    check: Callable[[Any], None]  # raises ValueError on a value a run would refuse
+    default: Any = None  # the value when neither the grid nor the base config sets it
+    numeric: bool = True  # 1 and 1.0 are the same setting
+    always_named: bool = True  # part of every run's name (False: only when the grid varies it)
+
+    def base_value(self, base_config: dict) -> Any:
+        """The value a run gets when the grid leaves this axis out: the base config's, else the default."""
+        value = dotted_get(base_config, self.option)
+        return self.default if value is None else value
+
+    def same(self, value: Any) -> Any:
+        """What makes two grid values one setting."""
+        if self.numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return ("number", float(value))
+        return ("value", json.dumps(value))
+
+    def hparam_value(self, value: Any) -> bool | int | float | str:
+        return 0 if value is None else value  # HParams has no null: k = all is 0 there, as in the module
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("temperature", "model.attention.temperature", "attention/temperature", lambda v: f"T{exact(v)}",
+         _attention_check("temperature"), default=1.0),
+    Axis("top_k", "model.attention.top_k", "attention/top_k", lambda v: f"k{'all' if v is None else v}",
+         _attention_check("top_k")),
+    Axis("normalizer", "model.attention.normalizer", "attention/normalizer", str, _attention_check("normalizer"),
+         default="softmax", numeric=False),
+    Axis("seed", "seed_everything", "seed", lambda v: f"s{v}", _seed_check, default=0),
+    Axis("learning_rate", "model.learning_rate", "learning_rate", lambda v: f"lr{exact(v)}", _positive_check,
+         always_named=False),
+)  # fmt: skip
+"""Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05 when the grid varies it)."""
+
+BY_KEY = {axis.key: axis for axis in AXES}
+GRID_KEYS = tuple(BY_KEY)
+
+
+def run_name(params: dict[str, Any], swept: set[str] | frozenset[str] = frozenset()) -> str:
+    """Folder name of a run from its value on every axis, e.g. T0.1_k4_softmax_s0 (k = all keeps every visible
+    key); distinct settings give distinct names."""
+    return "_".join(axis.label(params[axis.key]) for axis in AXES if axis.always_named or axis.key in swept)

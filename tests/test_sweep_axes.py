@@ -1,0 +1,58 @@
+"""The grid's axes are declared once (`study.sweep.axes`): names, options, checks and HParams come from that table."""
+
+from __future__ import annotations
+
+import pytest
+
+from study.sweep.axes import AXES, BY_KEY, exact, run_name
+from study.sweep.spec import SweepSpecError, build_plan
+from tests.test_sweep import write_spec
+
+
+def test_run_names_are_unchanged_for_the_four_paper_axes():
+    params = {"temperature": 0.1, "top_k": None, "normalizer": "softmax", "seed": 2, "learning_rate": 1e-3}
+    assert run_name(params) == "T0.1_kall_softmax_s2"  # learning_rate named only when the grid varies it
+    assert run_name({**params, "top_k": 4}, swept={"learning_rate"}) == "T0.1_k4_softmax_s2_lr0.001"
+    assert exact(1.0) == "1" and exact(0.1234561) == "0.1234561" and exact(3e-05) == "3e-05"
+
+
+def test_every_axis_labels_distinct_values_distinctly():
+    samples = {"temperature": [0.1, 0.10000001, 1], "top_k": [None, 1, 16], "normalizer": ["softmax", "ssmax"],
+               "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3]}
+    assert set(samples) == set(BY_KEY)  # a new axis needs a sample here
+    for axis in AXES:
+        labels = [axis.label(v) for v in samples[axis.key]]
+        assert len(set(labels)) == len(labels), axis.key
+
+
+def test_a_swept_learning_rate_reaches_options_names_and_hparams(tmp_path):
+    plan = build_plan(write_spec(tmp_path, {"learning_rate": [1e-3, 3e-3], "temperature": [0.5]}))
+    assert [r.name for r in plan.runs] == ["T0.5_kall_softmax_s0_lr0.001", "T0.5_kall_softmax_s0_lr0.003"]
+    assert "--model.learning_rate=0.003" in plan.runs[1].args
+    assert plan.runs[1].resolved["model"]["learning_rate"] == 0.003
+    domains = plan.hparams_domains()
+    assert domains["learning_rate"] == [1e-3, 3e-3] and domains["attention/temperature"] == [0.5, 0.5]
+    assert domains["attention/top_k"] == [0, 0]  # k = all is 0 in HParams, as the module writes it
+
+
+def test_an_axis_left_out_takes_the_value_the_runs_get(tmp_path):
+    """Without a grid entry, an axis's recorded value is the override's, else the base config's (never a guess)."""
+    plan = build_plan(write_spec(tmp_path, {"seed": [0]}, {"model.learning_rate": 0.002}))
+    assert plan.runs[0].params["learning_rate"] == 0.002
+    assert plan.runs[0].params["temperature"] == 1.0 and plan.runs[0].params["top_k"] is None
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [({"learning_rate": [0]}, "grid `learning_rate` value 0 is invalid"),
+     ({"learning_rate": [float("nan")]}, "finite number > 0"),
+     ({"seed": [-1]}, "non-negative integer")],
+)
+def test_axis_checks_run_before_any_run(tmp_path, grid, message):
+    with pytest.raises(SweepSpecError, match=message):
+        build_plan(write_spec(tmp_path, grid))
+
+
+def test_an_override_of_a_swept_axis_is_refused(tmp_path):
+    with pytest.raises(SweepSpecError, match=r"\['model.learning_rate'\], which the grid varies"):
+        build_plan(write_spec(tmp_path, {"learning_rate": [1e-3]}, {"model.learning_rate": 0.1}))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from study.attention import current_spec
-from study.cli import lightning_main
+from study.fit import lightning_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

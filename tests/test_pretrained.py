@@ -185,7 +185,7 @@ def test_cache_dir_comes_from_the_environment(tmp_path, monkeypatch):
 
 def test_study_fit_on_a_gguf_uses_its_tokenizer_and_trains(text_files, tmp_path, monkeypatch):
     """`study fit --model.model_name_or_path=<gguf>`: materialised, its own tokenizer linked, trained in train mode."""
-    from study.cli import lightning_main
+    from study.fit import lightning_main
     from tests.test_cli import fit_args
 
     path = tmp_path / "tiny.gguf"

@@ -114,7 +114,7 @@ def _check_stale(plan: Plan) -> None:
 
 def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     """Parse the `study fit` arguments of every run still to do (or of the one run asked for), before any starts."""
-    from study.cli import check_fit_args
+    from study.fit import check_fit_args
 
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     if run_index is not None:

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from study.checkpoints import checkpoint_step
 from study.progress import format_seconds
 from study.report.read import dotted_get
 from study.sweep.spec import Plan, Run
@@ -66,31 +67,6 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mmap: cheap on big files
-
-
-def checkpoint_problem(path: str | Path) -> str | None:
-    """Why a checkpoint file does not load (truncated, not a checkpoint), on one line; None if it loads."""
-    try:
-        _load_checkpoint(Path(path))
-    except Exception as err:  # noqa: BLE001 - any failure to load is the answer
-        first = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's first sentence says it
-        return f"{type(err).__name__}: {first}"
-    return None
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The global step saved in a checkpoint, or None (with the reason printed) if the file does not load."""
-    try:
-        return int(_load_checkpoint(path).get("global_step", 0))
-    except Exception as err:  # noqa: BLE001 - an unreadable checkpoint is reported, not fatal here
-        print(f"cannot read {path}: {type(err).__name__}: {err}", flush=True)
-        return None
 
 
 def resume_point(ckpt_dir: Path) -> tuple[Path | None, int | None, list[str]]:
@@ -219,7 +195,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     step keeps one value.
     """
     from study.callbacks.nonfinite import NonFiniteGuard
-    from study.cli import lightning_main
+    from study.fit import lightning_main
 
     run.dir.mkdir(parents=True, exist_ok=True)
     resume, step, notes = resume_point(run.dir / "checkpoints")
@@ -359,7 +335,7 @@ def probe(run: Run, steps: int = 6) -> dict[str, float]:
     """Time `steps` optimizer steps of `run` (nothing written to its directory): setup and per-step seconds."""
     import lightning as L
 
-    from study.cli import lightning_main
+    from study.fit import lightning_main
 
     class StepTimer(L.Callback):
         def __init__(self) -> None:

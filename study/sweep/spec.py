@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from study.errors import ConfigError
+from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep.axes import AXES, BY_KEY, GRID_KEYS, run_name
 
@@ -59,7 +59,7 @@ GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
-class SweepSpecError(ValueError):
+class SweepSpecError(ConfigError):
     """A sweep specification that cannot run; raised before any run starts."""
 
 
@@ -209,22 +209,11 @@ def _find_file(path: str, spec_path: Path) -> Path:
 
 
 def load_yaml(path: str | Path) -> Any:
-    """A YAML file's content; a syntax error or a non-text file raises `SweepSpecError` as `file:line:column: ...`."""
-    path = Path(path)
+    """`study.errors.load_yaml`, its error a `SweepSpecError` (file:line:column: ...)."""
     try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise SweepSpecError(f"{path} is not a text (YAML) file") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        context = getattr(err, "context", None)
-        raise SweepSpecError(
-            f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else "")
-        ) from None
+        return _load_yaml(path)
+    except ConfigError as err:
+        raise SweepSpecError(str(err)) from None
 
 
 def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] | None:

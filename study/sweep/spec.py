@@ -23,6 +23,7 @@ from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep.axes import AXES, BY_KEY, GRID_KEYS, run_name
+from study.sweep.runargs import RunArgs
 
 TOP_KEYS = {
     "name",
@@ -55,8 +56,6 @@ PROBE_OPTIONS = {
 }
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}
 CHECKPOINT_KEYS = {"enabled", "every_n_train_steps"}
-GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
-CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
 class SweepSpecError(ConfigError):
@@ -131,22 +130,6 @@ def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
             continue
         kept[same] = value
     return list(kept.values())
-
-
-def _cli_value(value: Any) -> str:
-    # `study fit` parses `--key=value` as YAML; JSON is valid YAML for numbers, null, strings, lists and dicts.
-    # Plain strings go as they are: a str-typed option would keep JSON's quotes.
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _set_dotted(config: dict, key: str, value: Any) -> None:
-    node = config
-    parts = key.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
 
 
 def _check_keys(section: str, given: dict, allowed: set[str]) -> None:
@@ -250,6 +233,45 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     return spec
 
 
+def _apply_quick(
+    spec: dict, name: str, overrides: dict, grid: dict, pretrain: dict | None
+) -> tuple[str, dict, dict | None, dict | None]:
+    """The spec's `quick` section over the full one: (name, grid, pretrain, probe); `overrides` updated in place."""
+    q = spec.get("quick")
+    if not q:
+        raise SweepSpecError("--quick given but the sweep config has no `quick` section")
+    _check_keys("quick", q, QUICK_KEYS)
+    overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
+    grid = {**grid, **(q.get("grid") or {})}
+    if q.get("pretrain") is not None:  # a quick pipeline may pretrain even when the full one does not
+        _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
+        pretrain = copy.deepcopy(pretrain or {})
+        pretrain.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
+    probe = {**(spec.get("probe") or {}), **q["probe"]} if q.get("probe") is not None else spec.get("probe")
+    return f"{name}-quick", grid, pretrain, probe
+
+
+def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
+    """The spec's `guard`, `checkpoint` and `callbacks` sections, checked (the guard by building one)."""
+    guard = spec.get("guard") or {}
+    _check_keys("guard", guard, GUARD_KEYS)
+    checkpoint = spec.get("checkpoint") or {}
+    _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
+    extra_callbacks = spec.get("callbacks") or []
+    if not isinstance(extra_callbacks, list) or not all(
+        isinstance(c, dict) and "class_path" in c for c in extra_callbacks
+    ):
+        raise SweepSpecError("`callbacks` must be a list of {class_path: ..., init_args: {...}} entries")
+    if guard:
+        try:
+            from study.callbacks.nonfinite import NonFiniteGuard
+
+            NonFiniteGuard(**{k: v for k, v in guard.items() if k != "enabled"})
+        except (TypeError, ValueError) as err:
+            raise SweepSpecError(f"`guard` is invalid: {err}") from None
+    return guard, checkpoint, extra_callbacks
+
+
 def build_plan(
     spec_path: str | Path,
     quick: bool = False,
@@ -269,105 +291,15 @@ def build_plan(
     pretrain_spec = spec.get("pretrain")
     probe_spec = spec.get("probe")
     if quick:
-        q = spec.get("quick")
-        if not q:
-            raise SweepSpecError("--quick given but the sweep config has no `quick` section")
-        _check_keys("quick", q, QUICK_KEYS)
-        overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
-        grid_in.update(q.get("grid") or {})
-        if q.get("pretrain") is not None:  # a quick pipeline may pretrain even when the full one does not
-            _check_keys("quick.pretrain", q["pretrain"], PRETRAIN_KEYS)
-            pretrain_spec = copy.deepcopy(pretrain_spec or {})
-            pretrain_spec.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
-        if q.get("probe") is not None:
-            probe_spec = {**(spec.get("probe") or {}), **q["probe"]}
-        name = f"{name}-quick"
+        name, grid_in, pretrain_spec, probe_spec = _apply_quick(spec, name, overrides, grid_in, pretrain_spec)
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
     owned = sorted(key for key in overrides if key in {BY_KEY[k].option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
-    guard = spec.get("guard") or {}
-    _check_keys("guard", guard, GUARD_KEYS)
-    checkpoint = spec.get("checkpoint") or {}
-    _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
-    extra_callbacks = spec.get("callbacks") or []
-    if not isinstance(extra_callbacks, list) or not all(
-        isinstance(c, dict) and "class_path" in c for c in extra_callbacks
-    ):
-        raise SweepSpecError("`callbacks` must be a list of {class_path: ..., init_args: {...}} entries")
-    if guard:
-        try:
-            from study.callbacks.nonfinite import NonFiniteGuard
-
-            NonFiniteGuard(**{k: v for k, v in guard.items() if k != "enabled"})
-        except (TypeError, ValueError) as err:
-            raise SweepSpecError(f"`guard` is invalid: {err}") from None
     sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
-
-    def callbacks_for(run_dir: Path) -> list[dict]:
-        # Every ModelCheckpoint writes into the run folder. The one that keeps last.ckpt (for resuming) saves every
-        # `checkpoint.every_n_train_steps`; it must not monitor a metric: Lightning skips a monitored checkpoint,
-        # last.ckpt included, until that metric exists, so a run killed before its first validation could not resume.
-        callbacks = copy.deepcopy((base_config.get("trainer") or {}).get("callbacks") or [])
-        if checkpoint.get("enabled", True) is False:
-            # No checkpoint files at all (a large model's are GB each): a killed run restarts from step 0.
-            callbacks = [cb for cb in callbacks if not cb.get("class_path", "").endswith("ModelCheckpoint")]
-            return _with_guard_and_extras(callbacks)
-        resume = None
-        for cb in callbacks:
-            if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
-                init = cb.setdefault("init_args", {})
-                init["dirpath"] = str(run_dir / "checkpoints")
-                # An exception checkpoint is taken mid-batch; resumed from it, the run logged its steps shifted by
-                # one (measured). Sweeps resume from the periodic last.ckpt instead.
-                init["save_on_exception"] = False
-                if init.get("save_last") and not init.get("monitor"):
-                    resume = init
-                else:
-                    init["save_last"] = False
-        if resume is None:
-            resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
-            callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
-        resume.update({k: v for k, v in checkpoint.items() if v is not None and k != "enabled"})
-        return _with_guard_and_extras(callbacks)
-
-    def _with_guard_and_extras(callbacks: list[dict]) -> list[dict]:
-        # One guard per run: the spec's `guard` section replaces the base config's guard (or removes it).
-        base_guards = [cb for cb in callbacks if cb.get("class_path", "").endswith("NonFiniteGuard")]
-        if guard or not base_guards:
-            callbacks = [cb for cb in callbacks if cb not in base_guards]
-            if guard.get("enabled", True):
-                init_args = {k: v for k, v in guard.items() if k != "enabled"}
-                callbacks.append({"class_path": GUARD_CLASS, "init_args": init_args})
-        callbacks.extend(copy.deepcopy(extra_callbacks))
-        return callbacks
-
-    def args_for(run_dir: Path, settings: dict[str, Any]) -> tuple[list[str], dict]:
-        logger = {
-            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            # explicit name/version: a resumed run appends to the same event directory
-            "init_args": {
-                "save_dir": str(run_dir.parent),
-                "name": "",
-                "version": run_dir.name,
-                "default_hp_metric": False,
-            },
-        }
-        args = ["--config", str(base)]
-        resolved = copy.deepcopy(base_config)
-        for key, value in settings.items():
-            args.append(f"--{key}={_cli_value(value)}")
-            _set_dotted(resolved, key, value)
-        callbacks = callbacks_for(run_dir)
-        args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
-        # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
-        args.append("--model.hparams_experiment=false")
-        _set_dotted(resolved, "model.hparams_experiment", False)
-        _set_dotted(resolved, "trainer.logger", logger)
-        _set_dotted(resolved, "trainer.callbacks", callbacks)
-        args += list(passthrough or [])
-        return args, resolved
+    run_args = RunArgs(base, base_config, *_run_sections(spec), list(passthrough or []))
+    args_for = run_args.args
 
     pretrain = None
     pretrained_path = None

@@ -1,0 +1,108 @@
+"""The `study fit` arguments of one run of a sweep: its base config, settings, logger, checkpoints and guard.
+
+Each run is exactly `study fit --config <base> <settings> --trainer.logger=... --trainer.callbacks=...`; the
+arguments and the config they resolve to are kept in the plan, so any run can be reproduced by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
+CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
+
+
+def _cli_value(value: Any) -> str:
+    # `study fit` parses `--key=value` as YAML; JSON is valid YAML for numbers, null, strings, lists and dicts.
+    # Plain strings go as they are: a str-typed option would keep JSON's quotes.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _set_dotted(config: dict, key: str, value: Any) -> None:
+    node = config
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+@dataclass
+class RunArgs:
+    """What every run of a sweep shares: the base config and the spec's guard, checkpoint and callbacks sections."""
+
+    base: Path
+    base_config: dict[str, Any]
+    guard: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    extra_callbacks: list[dict] = field(default_factory=list)
+    passthrough: list[str] = field(default_factory=list)
+
+    def callbacks(self, run_dir: Path) -> list[dict]:
+        # Every ModelCheckpoint writes into the run folder. The one that keeps last.ckpt (for resuming) saves every
+        # `checkpoint.every_n_train_steps`; it must not monitor a metric: Lightning skips a monitored checkpoint,
+        # last.ckpt included, until that metric exists, so a run killed before its first validation could not resume.
+        callbacks = copy.deepcopy((self.base_config.get("trainer") or {}).get("callbacks") or [])
+        if self.checkpoint.get("enabled", True) is False:
+            # No checkpoint files at all (a large model's are GB each): a killed run restarts from step 0.
+            callbacks = [cb for cb in callbacks if not cb.get("class_path", "").endswith("ModelCheckpoint")]
+            return self._with_guard_and_extras(callbacks)
+        resume = None
+        for cb in callbacks:
+            if cb.get("class_path", "").rsplit(".", 1)[-1] == "ModelCheckpoint":
+                init = cb.setdefault("init_args", {})
+                init["dirpath"] = str(run_dir / "checkpoints")
+                # An exception checkpoint is taken mid-batch; resumed from it, the run logged its steps shifted by
+                # one (measured). Sweeps resume from the periodic last.ckpt instead.
+                init["save_on_exception"] = False
+                if init.get("save_last") and not init.get("monitor"):
+                    resume = init
+                else:
+                    init["save_last"] = False
+        if resume is None:
+            resume = {"dirpath": str(run_dir / "checkpoints"), "save_last": True, "save_top_k": 0}
+            callbacks.append({"class_path": CHECKPOINT_CLASS, "init_args": resume})
+        resume.update({k: v for k, v in self.checkpoint.items() if v is not None and k != "enabled"})
+        return self._with_guard_and_extras(callbacks)
+
+    def _with_guard_and_extras(self, callbacks: list[dict]) -> list[dict]:
+        # One guard per run: the spec's `guard` section replaces the base config's guard (or removes it).
+        base_guards = [cb for cb in callbacks if cb.get("class_path", "").endswith("NonFiniteGuard")]
+        if self.guard or not base_guards:
+            callbacks = [cb for cb in callbacks if cb not in base_guards]
+            if self.guard.get("enabled", True):
+                init_args = {k: v for k, v in self.guard.items() if k != "enabled"}
+                callbacks.append({"class_path": GUARD_CLASS, "init_args": init_args})
+        callbacks.extend(copy.deepcopy(self.extra_callbacks))
+        return callbacks
+
+    def args(self, run_dir: Path, settings: dict[str, Any]) -> tuple[list[str], dict]:
+        logger = {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            # explicit name/version: a resumed run appends to the same event directory
+            "init_args": {
+                "save_dir": str(run_dir.parent),
+                "name": "",
+                "version": run_dir.name,
+                "default_hp_metric": False,
+            },
+        }
+        args = ["--config", str(self.base)]
+        resolved = copy.deepcopy(self.base_config)
+        for key, value in settings.items():
+            args.append(f"--{key}={_cli_value(value)}")
+            _set_dotted(resolved, key, value)
+        callbacks = self.callbacks(run_dir)
+        args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
+        # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
+        args.append("--model.hparams_experiment=false")
+        _set_dotted(resolved, "model.hparams_experiment", False)
+        _set_dotted(resolved, "trainer.logger", logger)
+        _set_dotted(resolved, "trainer.callbacks", callbacks)
+        args += list(self.passthrough)
+        return args, resolved

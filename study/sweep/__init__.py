@@ -158,26 +158,29 @@ def _estimate(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, q
 
 
 def _finish(plan: Plan, args, start: float) -> int:
-    """The sweep's summary line and its report (unless other processes still hold runs); the exit code."""
+    """The probe, the report (unless other processes still hold runs) and the sweep's closing line; the exit code."""
     states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
-    counts = {s: states.count(s) for s in sorted(set(states))}
-    print(
-        f"study sweep {plan.name}: done in {format_seconds(time.perf_counter() - start)}: {counts}", flush=True
-    )
+    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
     if elsewhere:
         print(
-            f"study sweep: {len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}); "
-            f"report not built here; once they are done, the last of them builds it (or, then: study report {plan.sweep_dir})",
+            f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}; "
+            f"{len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}): report not built "
+            f"here; the last of them builds it (or, then: study report {plan.sweep_dir})",
             flush=True,
         )
         return 0
-    probe_ok = _run_probe(plan)
+    probe_ok = _run_probe(plan, quiet=not args.verbose)
+    report = None
     if plan.report and not args.no_report:
         from study.report import build_report
 
-        path = build_report(plan.sweep_dir)
-        print(f"report: {path}", flush=True)
+        report = build_report(plan.sweep_dir)
+    print(
+        f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
+        + (f"; report: {report}" if report else ""),
+        flush=True,
+    )
     return 0 if all(s in FINAL_STATES for s in states) and probe_ok else 1
 
 
@@ -256,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if pretrain_todo:
         status = pretrain(plan, args, passthrough, subprocess_mode)
         print(
-            f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)}"
-            + (f" ({status['reason']})" if status.get("reason") else ""),
+            f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)} ({plan.pretrain.dir})"
+            + (f": {status['reason']}" if status.get("reason") else ""),
             flush=True,
         )
         if status["state"] != "finished":
@@ -277,20 +280,25 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(plan, args, start)
 
 
-def _run_probe(plan: Plan) -> bool:
-    """`study probe` with the spec's `probe:` options, unless probe.json from the same arguments exists."""
+def _run_probe(plan: Plan, quiet: bool = True) -> bool:
+    """`study probe` with the spec's `probe:` options, unless probe.json from the same arguments exists; its output
+    goes to probe/probe.log (``quiet=False``: to the console) and one line to the console."""
     if not plan.probe:
         return True
     from study.probe import main as probe_main
 
-    done = plan.sweep_dir / "probe" / "probe.json"
+    out = plan.sweep_dir / "probe"
+    done = out / "probe.json"
     if done.is_file() and json.loads(done.read_text()).get("argv") == plan.probe:
         print(f"probe: cached ({done})", flush=True)
         return True
-    print(f"probe -> {done.parent}", flush=True)
-    if probe_main(plan.probe) != 0:
-        print("study sweep: the probe failed; the report goes without it", file=sys.stderr)
+    t0 = time.perf_counter()
+    with run_console(out / "probe.log", quiet=quiet):
+        code = probe_main(plan.probe)
+    if code != 0:
+        print(f"study sweep: the probe failed (see {out / 'probe.log'}); the report goes without it", file=sys.stderr)
         return False
+    print(f"probe: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
     return True
 
 

@@ -173,7 +173,7 @@ def wait_for_pretraining(plan: Plan) -> None:
 
 
 def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
-    print(f"pretraining -> {plan.pretrain.dir}", flush=True)
+    """Train the shared base run (its output in pretrain/sweep.log); its status."""
     if subprocess_mode:
         cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir)
         proc = launch_subprocess(cmd, plan.pretrain)

@@ -1,0 +1,41 @@
+"""What a person sees when a sweep runs: a header, one line per stage or run, a closing line; the rest in log files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.test_sweep import ROOT, env, write_spec
+
+
+def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
+    spec = write_spec(
+        tmp_path,
+        {"temperature": [0.1, 1.0]},
+        {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
+        pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}},
+        probe={"temperatures": [0.1, 1.0], "batches": 1, "batch_size": 2, "seq_len": 16, "jacobian_rows": 8,
+               "hessian_iterations": 2},
+        report=True,
+    )
+    done = subprocess.run([sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"],
+                          env=env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    sweep = tmp_path / "logs" / "tiny"
+    patterns = [
+        r"study sweep tiny: 2 runs \(0 already done\), pretraining first -> .*",
+        r"pretrain: finished in \d+:\d\d \(.*pretrain\)",
+        r"\[1/2\] T0\.1_kall_softmax_s0: finished in .* \| ETA \d+:\d\d",
+        r"\[2/2\] T1_kall_softmax_s0: finished in .*",
+        r"probe: finished in \d+:\d\d \(.*probe\.json\)",
+        r"study sweep tiny: 2 finished in \d+:\d\d; report: .*report\.md",
+    ]
+    assert len(lines) == len(patterns), done.stdout
+    for line, pattern in zip(lines, patterns):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    # Library notices are silenced at their source; what each stage printed is in its log file, not lost.
+    assert "Loading weights" not in done.stdout + done.stderr and "litlogger" not in done.stdout + done.stderr
+    assert "T=0.1" in (sweep / "probe" / "probe.log").read_text()
+    assert (sweep / "pretrain" / "sweep.log").stat().st_size > 0

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+from study.report.read import read_scalars
+from study.sweep import main
 from tests.test_sweep import ROOT, env, write_spec
 
 
@@ -39,3 +41,17 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
     assert "Loading weights" not in done.stdout + done.stderr and "litlogger" not in done.stdout + done.stderr
     assert "T=0.1" in (sweep / "probe" / "probe.log").read_text()
     assert (sweep / "pretrain" / "sweep.log").stat().st_size > 0
+
+
+def test_pretraining_curves_are_drawn_apart_from_the_fine_tuning_runs(tmp_path):
+    """The pretraining run logs under Lightning's logger prefix (`pretrain-train/loss`): TensorBoard gives it its
+    own charts, so the fine-tuning runs (steps from 0) are not squashed against its longer step axis."""
+    spec = write_spec(
+        tmp_path, {"seed": [0]}, {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
+        pretrain={"overrides": {"trainer.max_steps": 4, "trainer.val_check_interval": 4, "trainer.log_every_n_steps": 1}},
+    )
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    sweep = tmp_path / "logs" / "tiny"
+    base, run = read_scalars(sweep / "pretrain"), read_scalars(sweep / "T1_kall_softmax_s0")
+    assert [s for s, _ in base["pretrain-train/loss"]] == [0, 1, 2, 3] and "train/loss" not in base
+    assert [s for s, _ in run["train/loss"]] == [0, 1] and not any(t.startswith("pretrain") for t in run)

@@ -81,7 +81,10 @@ class RunArgs:
         callbacks.extend(copy.deepcopy(self.extra_callbacks))
         return callbacks
 
-    def args(self, run_dir: Path, settings: dict[str, Any]) -> tuple[list[str], dict]:
+    def args(self, run_dir: Path, settings: dict[str, Any], tag_prefix: str = "") -> tuple[list[str], dict]:
+        """The run's `study fit` arguments and the config they resolve to. ``tag_prefix`` is Lightning's logger
+        prefix: the pretraining run logs `pretrain-train/loss`, ... so that TensorBoard draws its curves in their
+        own charts, not beside the fine-tuning runs' (which start again at step 0)."""
         logger = {
             "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
             # explicit name/version: a resumed run appends to the same event directory
@@ -90,6 +93,7 @@ class RunArgs:
                 "name": "",
                 "version": run_dir.name,
                 "default_hp_metric": False,
+                **({"prefix": tag_prefix} if tag_prefix else {}),
             },
         }
         args = ["--config", str(self.base)]

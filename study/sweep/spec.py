@@ -41,6 +41,7 @@ TOP_KEYS = {
     "probe",
 }
 PRETRAIN_KEYS = {"overrides"}
+PRETRAIN_TAG_PREFIX = "pretrain"  # the pretraining run's scalars: pretrain-train/loss, ... (own charts)
 QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe"}
 # `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
 PROBE_OPTIONS = {
@@ -307,7 +308,7 @@ def build_plan(
         _check_keys("pretrain", pretrain_spec, PRETRAIN_KEYS)
         p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
         p_dir = sweep_dir / "pretrain"
-        p_args, p_resolved = args_for(p_dir, p_over)
+        p_args, p_resolved = args_for(p_dir, p_over, tag_prefix=PRETRAIN_TAG_PREFIX)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
         pretrained_path = str(p_dir / "hf")
 

@@ -33,10 +33,12 @@ from tensorboard.plugins.hparams.metadata import (
     SESSION_START_INFO_TAG,
 )
 
-STUDY_AXES = ("attention/temperature", "attention/top_k", "attention/normalizer")
+from study import tags
+
+STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer"))
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
 
-HPARAMS_METRICS = ("val/loss", "val/ppl", "train/loss")
+HPARAMS_METRICS = (tags.VAL_LOSS, tags.VAL_PPL, tags.TRAIN_LOSS)
 """The metrics HParams compares runs by."""
 
 EXPERIMENT_DIR = "hparams"

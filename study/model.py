@@ -179,7 +179,7 @@ class CausalLMModule(L.LightningModule):
     def hparam_summary(self) -> dict[str, float | int | str]:
         """Scalar hyperparameters for TensorBoard's HParams view: the attention spec first."""
         hp = self.hparams
-        summary = {f"attention/{k}": v for k, v in self.attention.as_hparams().items()}
+        summary = {tags.attention_hparam(k): v for k, v in self.attention.as_hparams().items()}
         summary.update(
             model=hp.model_name_or_path or f"gpt2-scratch-{hp.n_layer}x{hp.n_embd}",
             learning_rate=hp.learning_rate,

@@ -286,7 +286,7 @@ def scalars(result: dict) -> dict[str, float]:
     """The TensorBoard scalars of one temperature's result (see the module docstring)."""
     out = {"temperature": result["temperature"], "loss": result["loss"]}
     for key in ("attn_q", "attn_k", "attn_qk", "rest", "total"):
-        out[f"grad_norm/{key}"] = result[f"grad_{key}"]
+        out[tags.grad_norm(key)] = result[f"grad_{key}"]
     for key in ("mean", "p10", "p50", "p90", "max", "frac_above_quarter_T", "frac_above_sqrt2"):
         out[f"jacobian/{key}"] = result["jacobian"][key]
     out["saturated_fraction"] = result["saturated_fraction"]

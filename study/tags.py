@@ -18,6 +18,16 @@ def val(tag: str) -> str:
     return VAL_PREFIX + tag
 
 
+# ---- TensorBoard's HParams: a run's settings (`CausalLMModule.hparam_summary`) ------------------------------------
+def attention_hparam(field: str) -> str:
+    """``attention/{field}``: an `AttentionSpec` field (temperature, top_k, normalizer, ...) in the HParams table."""
+    return f"attention/{field}"
+
+
+# ---- a sweep's pretraining run: Lightning's logger prefix, joined with "-" (pretrain-train/loss, ...) -----------
+PRETRAIN_PREFIX = "pretrain"
+
+
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"

@@ -59,7 +59,7 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
     axes[1].set_yscale("log")
     axes[1].legend(fontsize=6, ncol=2, loc="upper right")
     _save(fig, out / "curves.png")
-    return "train/loss and val/ppl per run (colour: T, line style: k)"
+    return f"{tags.TRAIN_LOSS} and {tags.VAL_PPL} per run (colour: T, line style: k)"
 
 
 def sensitivity(summaries: list[Summary], out: Path) -> str | None:

@@ -206,7 +206,7 @@ def perplexity_finding(summaries: list[Summary]) -> Finding:
     low, ref, t_low, t_ref = _low_and_ref(summaries)
 
     def logs(group: list[Summary]) -> list[float]:
-        return [math.log(p) for s in group if not s.diverged and (p := s.final.get("val/ppl")) and p > 0]
+        return [math.log(p) for s in group if not s.diverged and (p := s.final.get(tags.VAL_PPL)) and p > 0]
 
     def as_ratio(iv: Interval) -> str:
         return str(Interval(math.exp(iv.estimate), math.exp(iv.lo), math.exp(iv.hi), iv.n))

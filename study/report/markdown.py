@@ -94,7 +94,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
 
 
 RUN_COLUMNS = [
-    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", "train/loss", "val/loss", "val/ppl", "H/log n",
+    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, "H/log n",
     "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
 ]  # fmt: skip
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from study import tags
 from study.report.read import dotted_get
 
 
@@ -77,11 +78,11 @@ class Axis:
 
 
 AXES: tuple[Axis, ...] = (
-    Axis("temperature", "model.attention.temperature", "attention/temperature", lambda v: f"T{exact(v)}",
+    Axis("temperature", "model.attention.temperature", tags.attention_hparam("temperature"), lambda v: f"T{exact(v)}",
          _attention_check("temperature"), default=1.0),
-    Axis("top_k", "model.attention.top_k", "attention/top_k", lambda v: f"k{'all' if v is None else v}",
+    Axis("top_k", "model.attention.top_k", tags.attention_hparam("top_k"), lambda v: f"k{'all' if v is None else v}",
          _attention_check("top_k")),
-    Axis("normalizer", "model.attention.normalizer", "attention/normalizer", str, _attention_check("normalizer"),
+    Axis("normalizer", "model.attention.normalizer", tags.attention_hparam("normalizer"), str, _attention_check("normalizer"),
          default="softmax", numeric=False),
     Axis("seed", "seed_everything", "seed", lambda v: f"s{v}", _seed_check, default=0),
     Axis("learning_rate", "model.learning_rate", "learning_rate", lambda v: f"lr{exact(v)}", _positive_check,

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from study import tags
 from study.checkpoints import checkpoint_step
 from study.progress import format_seconds
 from study.report.read import dotted_get
@@ -135,7 +136,7 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     out: dict[str, Any] = {"global_step": cli.trainer.global_step, "metrics": metrics}
     if guard is not None:
         out["skipped_steps"] = guard.skipped_steps
-    train_loss = metrics.get("train/loss")
+    train_loss = metrics.get(tags.TRAIN_LOSS)
     if guard is not None and guard.diverged:
         return {**out, "state": "diverged", "reason": guard.diverged["reason"]}
     if train_loss is not None and not math.isfinite(train_loss):
@@ -310,9 +311,9 @@ class Progress:
         extra = []
         if status.get("global_step") is not None:
             extra.append(f"step {status['global_step']}")
-        ppl = (status.get("metrics") or {}).get("val/ppl")
+        ppl = (status.get("metrics") or {}).get(tags.VAL_PPL)
         if ppl is not None:
-            extra.append(f"val/ppl {ppl:.4g}")
+            extra.append(f"{tags.VAL_PPL} {ppl:.4g}")
         if status.get("reason") and state != "finished":
             extra.append(status["reason"])
         eta = self.eta()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from study import tags
 from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
@@ -41,7 +42,6 @@ TOP_KEYS = {
     "probe",
 }
 PRETRAIN_KEYS = {"overrides"}
-PRETRAIN_TAG_PREFIX = "pretrain"  # the pretraining run's scalars: pretrain-train/loss, ... (own charts)
 QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe"}
 # `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
 PROBE_OPTIONS = {
@@ -308,7 +308,7 @@ def build_plan(
         _check_keys("pretrain", pretrain_spec, PRETRAIN_KEYS)
         p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
         p_dir = sweep_dir / "pretrain"
-        p_args, p_resolved = args_for(p_dir, p_over, tag_prefix=PRETRAIN_TAG_PREFIX)
+        p_args, p_resolved = args_for(p_dir, p_over, tag_prefix=tags.PRETRAIN_PREFIX)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
         pretrained_path = str(p_dir / "hf")
 

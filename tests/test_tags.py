@@ -1,0 +1,53 @@
+"""`study.tags` is the one place TensorBoard tag names are spelled: the logs' public API has one owner."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from study import tags
+
+PACKAGE = Path(__file__).resolve().parents[1] / "study"
+NAMESPACES = ("train/", "val/", "attention/", "attention_map/", "grad_norm/", "guard/", "probe/", "normalizer/",
+              "analysis/", "pretrain-")  # fmt: skip
+
+
+def spelled_tags(source: str) -> list[str]:
+    """String literals (f-strings by their leading text) that start like a tag name."""
+    found = []
+    tree = ast.parse(source)
+    inside_f_strings = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            text = str(node.values[0].value)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inside_f_strings:
+            text = node.value
+        else:
+            continue
+        if text.startswith(NAMESPACES):
+            found.append(text)
+    return found
+
+
+def test_no_tag_is_spelled_outside_study_tags():
+    spelled = {
+        str(path.relative_to(PACKAGE.parent)): hits
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "tags.py" or path.parent != PACKAGE
+        if (hits := spelled_tags(path.read_text()))
+    }
+    assert not spelled, f"tag names spelled outside study/tags.py: {spelled}"
+
+
+def test_the_check_sees_literals_and_f_strings():
+    source = 'a = "val/loss"\nb = f"attention/{s}/mean"\nc = "a docstring about val/loss"\n'
+    assert spelled_tags(source) == ["val/loss", "attention/"]
+
+
+def test_tag_builders():
+    assert tags.attention("entropy") == "attention/entropy/mean"
+    assert tags.attention("entropy", layer=3, head=1) == "attention/entropy/layer_3/head_1"
+    assert tags.val(tags.attention("kl_uniform", layer=0)) == "val/attention/kl_uniform/layer_0"
+    assert tags.by_visible("max_weight", 16) == "attention/by_visible/max_weight/n16"
+    assert tags.analysis("gradient", "T", "0.1") == "analysis/gradient/T_0.1"
+    assert tags.attention_hparam("top_k") == "attention/top_k"

@@ -28,6 +28,11 @@ def attention_hparam(field: str) -> str:
 PRETRAIN_PREFIX = "pretrain"
 
 
+def pretrain(tag: str) -> str:
+    """How a pretraining run's tag reads in its event files: ``pretrain-train/loss``."""
+    return f"{PRETRAIN_PREFIX}-{tag}"
+
+
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"

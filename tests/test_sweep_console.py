@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+from study import tags
 from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import ROOT, env, write_spec
@@ -53,5 +54,5 @@ def test_pretraining_curves_are_drawn_apart_from_the_fine_tuning_runs(tmp_path):
     assert main(["--config", str(spec), "--no-estimate"]) == 0
     sweep = tmp_path / "logs" / "tiny"
     base, run = read_scalars(sweep / "pretrain"), read_scalars(sweep / "T1_kall_softmax_s0")
-    assert [s for s, _ in base["pretrain-train/loss"]] == [0, 1, 2, 3] and "train/loss" not in base
+    assert [s for s, _ in base[tags.pretrain(tags.TRAIN_LOSS)]] == [0, 1, 2, 3] and tags.TRAIN_LOSS not in base
     assert [s for s, _ in run["train/loss"]] == [0, 1] and not any(t.startswith("pretrain") for t in run)

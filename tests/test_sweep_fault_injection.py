@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from study import tags
 from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import ROOT, env, status, write_spec
@@ -82,7 +83,8 @@ def test_kill_9_at_random_points_then_rerun_until_done(tmp_path):
     assert (got_dir / "report" / "report.md").is_file()
     for name in ("pretrain", "T0.5_kall_softmax_s0", "T1_kall_softmax_s0"):
         assert status(got_dir / name)["state"] == "finished", (name, kills)
-        got, ref = read_scalars(got_dir / name)["train/loss"], read_scalars(ref_dir / name)["train/loss"]
+        loss = tags.pretrain(tags.TRAIN_LOSS) if name == "pretrain" else tags.TRAIN_LOSS
+        got, ref = read_scalars(got_dir / name)[loss], read_scalars(ref_dir / name)[loss]
         assert [s for s, _ in got] == list(range(STEPS)), (name, kills)
         assert [v for _, v in got] == pytest.approx([v for _, v in ref], abs=1e-5), (name, kills)
         got_w = torch.load(got_dir / name / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]

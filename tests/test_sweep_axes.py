@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from study.sweep.axes import AXES, BY_KEY, exact, run_name
+from study import tags
+from study.attention import AttentionSpec
+from study.hparams import STUDY_AXES
+from study.report.build import other_axes
+from study.report.read import RunData
+from study.report.summary import summarize
+from study.sweep import axes
+from study.sweep.axes import AXES, Axis, exact, grid_keys, run_name
 from study.sweep.spec import SweepSpecError, build_plan
 from tests.test_sweep import write_spec
 
@@ -19,7 +26,7 @@ def test_run_names_are_unchanged_for_the_four_paper_axes():
 def test_every_axis_labels_distinct_values_distinctly():
     samples = {"temperature": [0.1, 0.10000001, 1], "top_k": [None, 1, 16], "normalizer": ["softmax", "ssmax"],
                "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3]}
-    assert set(samples) == set(BY_KEY)  # a new axis needs a sample here
+    assert set(samples) == set(grid_keys())  # a new axis needs a sample here
     for axis in AXES:
         labels = [axis.label(v) for v in samples[axis.key]]
         assert len(set(labels)) == len(labels), axis.key
@@ -56,3 +63,42 @@ def test_axis_checks_run_before_any_run(tmp_path, grid, message):
 def test_an_override_of_a_swept_axis_is_refused(tmp_path):
     with pytest.raises(SweepSpecError, match=r"\['model.learning_rate'\], which the grid varies"):
         build_plan(write_spec(tmp_path, {"learning_rate": [1e-3]}, {"model.learning_rate": 0.1}))
+
+
+def test_study_fit_alone_puts_the_attention_axes_of_the_table_first():
+    """`study fit` alone (no sweep) marks `hparams.STUDY_AXES` as differing: the table's attention axes, in order."""
+    assert STUDY_AXES == tuple(a.hparam for a in AXES if a.option.startswith("model.attention."))
+
+
+def _check_alpha(value):
+    AttentionSpec(normalizer="entmax", alpha=value)  # alpha is read by entmax only
+
+
+ALPHA = Axis("alpha", "model.attention.alpha", tags.attention_hparam("alpha"), lambda v: f"a{exact(v)}", _check_alpha,
+             default=1.5, always_named=False)
+
+
+def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
+    """Adding `alpha` (entmax) in this test only: the grid accepts it, runs get its option, their names its part,
+    the sweep's HParams experiment its column, duplicates merge, bad values are refused, the report flags it."""
+    monkeypatch.setattr(axes, "AXES", (*AXES, ALPHA))
+    spec = write_spec(tmp_path, {"alpha": [1.5, 2, 2.0], "temperature": [0.5]}, {"model.attention.normalizer": "entmax"})
+    plan = build_plan(spec)
+    assert [r.name for r in plan.runs] == ["T0.5_kall_entmax_s0_a1.5", "T0.5_kall_entmax_s0_a2"]
+    assert plan.notes == ["grid `alpha` lists 2 and 2.0, the same setting: merged into one run"]
+    assert "--model.attention.alpha=2" in plan.runs[1].args
+    assert plan.runs[1].resolved["model"]["attention"]["alpha"] == 2
+    assert plan.runs[0].params == {"temperature": 0.5, "top_k": None, "normalizer": "entmax", "seed": 0,
+                                   "learning_rate": plan.runs[0].params["learning_rate"], "alpha": 1.5}
+    assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
+    assert plan.as_dict()["grid_keys"][-1] == "alpha"
+    with pytest.raises(SweepSpecError, match="grid `alpha` value 'x' is invalid"):
+        build_plan(write_spec(tmp_path, {"alpha": ["x"]}))
+    with pytest.raises(SweepSpecError, match=r"\['model.attention.alpha'\], which the grid varies"):
+        build_plan(write_spec(tmp_path, {"alpha": [2]}, {"model.attention.alpha": 2}))
+    # Left out of the grid, the axis takes the runs' value and stays out of their names: existing folders keep theirs.
+    plain = build_plan(write_spec(tmp_path, {"temperature": [0.5]}))
+    assert plain.runs[0].name == "T0.5_kall_softmax_s0" and plain.runs[0].params["alpha"] == 1.5
+    # The report's one place for axes: findings pool over alpha's values, and say so.
+    runs = [summarize(RunData(r.name, r.dir, r.params, {}, r.resolved)) for r in plan.runs]
+    assert other_axes(runs) == ["alpha"]

@@ -1,4 +1,4 @@
-"""`study sweep`: a grid of `study fit` runs (temperature x top_k x normalizer x seed) with resume and a report.
+"""`study sweep`: a grid of `study fit` runs (over the axes of `study.sweep.axes`) with resume and a report.
 
     study sweep --config configs/sweeps/default.yaml            # the embedded main job (CPU, < 15 min)
     study sweep --config configs/sweeps/default.yaml --quick    # its smoke version (< 1 min)

@@ -90,8 +90,20 @@ AXES: tuple[Axis, ...] = (
 )  # fmt: skip
 """Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05 when the grid varies it)."""
 
-BY_KEY = {axis.key: axis for axis in AXES}
-GRID_KEYS = tuple(BY_KEY)
+
+
+# Read `AXES` when called, never copied at import: the table is the one place an axis exists (a test can add one).
+def grid_keys() -> tuple[str, ...]:
+    """The keys the spec's `grid:` accepts, in run-name order."""
+    return tuple(axis.key for axis in AXES)
+
+
+def axis(key: str) -> Axis:
+    """The axis named ``key`` under `grid:` (KeyError for an unknown one; the spec checks keys first)."""
+    for candidate in AXES:
+        if candidate.key == key:
+            return candidate
+    raise KeyError(key)
 
 
 def run_name(params: dict[str, Any], swept: set[str] | frozenset[str] = frozenset()) -> str:

@@ -23,7 +23,7 @@ from study import tags
 from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
-from study.sweep.axes import AXES, BY_KEY, GRID_KEYS, run_name
+from study.sweep import axes
 from study.sweep.runargs import RunArgs
 
 TOP_KEYS = {
@@ -108,7 +108,7 @@ class Plan:
             "spec": str(self.spec_path),
             "base": str(self.base),
             "quick": self.quick,
-            "grid_keys": list(GRID_KEYS),
+            "grid_keys": list(axes.grid_keys()),
             "pretrain": self.pretrain.as_dict() if self.pretrain else None,
             "probe": self.probe,
             "runs": [run.as_dict() for run in self.runs],
@@ -117,13 +117,13 @@ class Plan:
     def hparams_domains(self) -> dict[str, list]:
         """Each axis's values over the runs, under the names the runs' HParams sessions use (the LightningModule's
         `hparam_summary`), for the sweep's one HParams experiment."""
-        return {axis.hparam: [axis.hparam_value(run.params[axis.key]) for run in self.runs] for axis in AXES}
+        return {axis.hparam: [axis.hparam_value(run.params[axis.key]) for run in self.runs] for axis in axes.AXES}
 
 
 def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
     kept: dict[Any, Any] = {}
     for value in values:
-        same = BY_KEY[key].same(value)
+        same = axes.axis(key).same(value)
         if same in kept:
             notes.append(
                 f"grid `{key}` lists {kept[same]!r} and {value!r}, the same setting: merged into one run"
@@ -159,10 +159,10 @@ def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
 
 def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     if not isinstance(grid, dict) or not grid:
-        raise SweepSpecError("`grid` is empty: give at least one of " + ", ".join(GRID_KEYS))
-    _check_keys("grid", grid, set(GRID_KEYS))
+        raise SweepSpecError("`grid` is empty: give at least one of " + ", ".join(axes.grid_keys()))
+    _check_keys("grid", grid, set(axes.grid_keys()))
     out: dict[str, list] = {}
-    for axis in AXES:
+    for axis in axes.AXES:
         values = grid.get(axis.key)
         if values is None:
             continue
@@ -295,7 +295,7 @@ def build_plan(
         name, grid_in, pretrain_spec, probe_spec = _apply_quick(spec, name, overrides, grid_in, pretrain_spec)
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
-    owned = sorted(key for key in overrides if key in {BY_KEY[k].option for k in grid})
+    owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
@@ -314,14 +314,14 @@ def build_plan(
 
     runs = []
     # An axis the grid leaves out keeps the value the runs get anyway (an override's, else the base config's).
-    fixed = {axis.key: overrides.get(axis.option, axis.base_value(base_config)) for axis in AXES}
-    for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in AXES))):
-        params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(AXES, combo)}
-        rname = run_name(params, swept=set(grid))
+    fixed = {axis.key: overrides.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
+    for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in axes.AXES))):
+        params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
+        rname = axes.run_name(params, swept=set(grid))
         settings = dict(overrides)
         if pretrained_path:
             settings["model.model_name_or_path"] = pretrained_path
-        settings.update({axis.option: params[axis.key] for axis in AXES if axis.key in grid})
+        settings.update({axis.option: params[axis.key] for axis in axes.AXES if axis.key in grid})
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
         # cannot happen with exact names; never let two runs share a folder silently

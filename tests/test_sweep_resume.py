@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 
+from study import tags
 from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import status, write_spec
@@ -58,3 +59,28 @@ def test_a_run_interrupted_mid_epoch_resumes_exactly(tmp_path, monkeypatch):
     got_loss, ref_loss = read_scalars(run)["train/loss"], read_scalars(reference)["train/loss"]
     assert [s for s, _ in got_loss] == [s for s, _ in ref_loss] == list(range(9))
     assert [v for _, v in got_loss] == pytest.approx([v for _, v in ref_loss], abs=1e-6)
+
+
+def test_an_interrupted_pretraining_resumes_under_its_prefix(tmp_path, monkeypatch):
+    """The pretraining run logs under Lightning's logger prefix (`pretrain-train/loss`); resumed, its writer's
+    `purge_step` drops the interrupted attempt's later steps under that prefix too, and the fine-tuning runs still
+    log their own steps from 0."""
+    pretrain = {"overrides": {"trainer.max_steps": 6, "trainer.val_check_interval": 6, "trainer.log_every_n_steps": 1}}
+    spec = write_spec(tmp_path, {"seed": [0]}, {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
+                      checkpoint={"every_n_train_steps": 2}, callbacks=[KILL], pretrain=pretrain)
+    base = tmp_path / "logs" / "tiny" / "pretrain"
+    monkeypatch.setenv("STUDY_FAULTS", "1")
+    try:
+        with pytest.raises(SystemExit):
+            main(["--config", str(spec), "--no-estimate"])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.delenv("STUDY_FAULTS")
+    assert status(base)["state"] == "failed"
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    assert status(base)["resumed_from_step"] == 4
+    scalars = read_scalars(base)
+    assert [s for s, _ in scalars[tags.pretrain(tags.TRAIN_LOSS)]] == list(range(6))
+    assert not any(tag.startswith(("train/", "val/", "attention/")) for tag in scalars)
+    run = read_scalars(tmp_path / "logs" / "tiny" / "T1_kall_softmax_s0")
+    assert [s for s, _ in run[tags.TRAIN_LOSS]] == [0, 1]

@@ -39,6 +39,10 @@ class KillAtStep(L.Callback):
     ) -> None:
         if _armed(self.env, self.always) and trainer.global_step >= self.step and not self.sent:
             self.sent = True
+            if self.signal == signal_module.SIGINT and signal_module.getsignal(self.signal) == signal_module.SIG_IGN:
+                # A process started in the background by a non-interactive shell (`cmd &`) inherits SIGINT
+                # ignored; a person's Ctrl-C reaches a foreground process, whose Python raises KeyboardInterrupt.
+                signal_module.signal(self.signal, signal_module.default_int_handler)
             os.kill(os.getpid(), self.signal)
 
 

@@ -56,6 +56,8 @@ class CausalLMModule(L.LightningModule):
         min_lr_ratio: final learning rate as a fraction of the peak at the end of cosine decay.
         hparams_experiment: declare a one-run TensorBoard HParams experiment (temperature, top-k and normaliser
             first). `study sweep` sets False and declares one experiment for all its runs (`study.hparams`).
+        hparams_session: write this run's HParams session (its settings and metrics as a row of the HParams table).
+            A sweep's pretraining run sets False: it is the base of the sweep's runs, not one of its settings.
 
     Example:
         >>> from study.attention import AttentionSpec
@@ -83,6 +85,7 @@ class CausalLMModule(L.LightningModule):
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
         hparams_experiment: bool = True,
+        hparams_session: bool = True,
     ) -> None:
         super().__init__()
         if trainable not in TRAINABLE:
@@ -171,7 +174,7 @@ class CausalLMModule(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        if self.trainer.is_global_zero:
+        if self.trainer.is_global_zero and self.hparams.get("hparams_session", True):
             for logger in self.loggers:
                 if isinstance(logger, TensorBoardLogger):
                     write_session(logger, self.hparam_summary(), HPARAMS_METRICS, experiment=self.hparams.hparams_experiment)

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+from tensorboard.plugins.hparams.metadata import SESSION_START_INFO_TAG
+
 from study import tags
 from study.report.read import read_scalars
 from study.sweep import main
@@ -56,3 +58,12 @@ def test_pretraining_curves_are_drawn_apart_from_the_fine_tuning_runs(tmp_path):
     base, run = read_scalars(sweep / "pretrain"), read_scalars(sweep / "T1_kall_softmax_s0")
     assert [s for s, _ in base[tags.pretrain(tags.TRAIN_LOSS)]] == [0, 1, 2, 3] and tags.TRAIN_LOSS not in base
     assert [s for s, _ in run["train/loss"]] == [0, 1] and not any(t.startswith("pretrain") for t in run)
+    # Nor is it a row of the sweep's HParams table: the base of the settings, not one of them.
+    assert SESSION_START_INFO_TAG not in summary_tags(sweep / "pretrain")
+    assert SESSION_START_INFO_TAG in summary_tags(sweep / "T1_kall_softmax_s0")
+
+
+def summary_tags(folder):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return {v.tag for f in folder.glob("events.out.tfevents.*") for e in EventFileLoader(str(f)).Load() for v in e.summary.value}

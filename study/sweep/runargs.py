@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from study import tags
+
 GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
@@ -81,10 +83,13 @@ class RunArgs:
         callbacks.extend(copy.deepcopy(self.extra_callbacks))
         return callbacks
 
-    def args(self, run_dir: Path, settings: dict[str, Any], tag_prefix: str = "") -> tuple[list[str], dict]:
-        """The run's `study fit` arguments and the config they resolve to. ``tag_prefix`` is Lightning's logger
-        prefix: the pretraining run logs `pretrain-train/loss`, ... so that TensorBoard draws its curves in their
-        own charts, not beside the fine-tuning runs' (which start again at step 0)."""
+    def args(self, run_dir: Path, settings: dict[str, Any], pretraining: bool = False) -> tuple[list[str], dict]:
+        """The run's `study fit` arguments and the config they resolve to.
+
+        The pretraining run logs under Lightning's logger prefix (`pretrain-train/loss`, ...), so that TensorBoard
+        draws its curves in their own charts, not beside the fine-tuning runs' (which start again at step 0), and
+        writes no HParams session: it is the base of the sweep's settings, not a row among them.
+        """
         logger = {
             "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
             # explicit name/version: a resumed run appends to the same event directory
@@ -93,7 +98,7 @@ class RunArgs:
                 "name": "",
                 "version": run_dir.name,
                 "default_hp_metric": False,
-                **({"prefix": tag_prefix} if tag_prefix else {}),
+                **({"prefix": tags.PRETRAIN_PREFIX} if pretraining else {}),
             },
         }
         args = ["--config", str(self.base)]
@@ -106,6 +111,9 @@ class RunArgs:
         # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
         args.append("--model.hparams_experiment=false")
         _set_dotted(resolved, "model.hparams_experiment", False)
+        if pretraining:
+            args.append("--model.hparams_session=false")
+            _set_dotted(resolved, "model.hparams_session", False)
         _set_dotted(resolved, "trainer.logger", logger)
         _set_dotted(resolved, "trainer.callbacks", callbacks)
         args += list(self.passthrough)

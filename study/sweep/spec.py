@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from study import tags
 from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
@@ -308,7 +307,7 @@ def build_plan(
         _check_keys("pretrain", pretrain_spec, PRETRAIN_KEYS)
         p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
         p_dir = sweep_dir / "pretrain"
-        p_args, p_resolved = args_for(p_dir, p_over, tag_prefix=tags.PRETRAIN_PREFIX)
+        p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
         pretrained_path = str(p_dir / "hf")
 

@@ -84,3 +84,26 @@ def test_an_interrupted_pretraining_resumes_under_its_prefix(tmp_path, monkeypat
     assert not any(tag.startswith(("train/", "val/", "attention/")) for tag in scalars)
     run = read_scalars(tmp_path / "logs" / "tiny" / "T1_kall_softmax_s0")
     assert [s for s, _ in run[tags.TRAIN_LOSS]] == [0, 1]
+
+
+def test_a_run_killed_after_its_final_checkpoint_starts_over(tmp_path):
+    """Killed between its final checkpoint and its end (Lightning logs a step after its checkpoint; validation and
+    status come later still): resuming would train and log nothing, so the run starts over and ends complete."""
+    spec = write_spec(tmp_path, {"temperature": [0.5]}, {**RESUME, "trainer.max_steps": 8},
+                      checkpoint={"every_n_train_steps": 2})
+    run = tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    reference = weights(run)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+    # The kill's window: the final checkpoint is on disk, the event tail and the status are not.
+    state = status(run)
+    (run / "status.json").write_text(__import__("json").dumps({**state, "state": "running"}))
+    for events in run.glob("events.out.tfevents.*"):
+        events.unlink()
+    assert main(["--config", str(spec), "--no-estimate"]) == 0
+    after = status(run)
+    assert after["state"] == "finished" and any("starting over" in n for n in after.get("notes", [])), after
+    scalars = read_scalars(run)
+    assert [s for s, _ in scalars[tags.TRAIN_LOSS]] == list(range(8)) and tags.VAL_PPL in scalars
+    for key, value in reference.items():
+        torch.testing.assert_close(weights(run)[key], value, rtol=0, atol=1e-6)

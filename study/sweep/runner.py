@@ -98,6 +98,17 @@ def resume_point(ckpt_dir: Path) -> tuple[Path | None, int | None, list[str]]:
     return path, step, notes
 
 
+def _max_steps(run: Run) -> int | None:
+    """The run's `trainer.max_steps` (the last one given on its command line, else its resolved config's)."""
+    given = [a.split("=", 1)[1] for a in run.args if a.startswith("--trainer.max_steps=")]
+    value = given[-1] if given else dotted_get(run.resolved, "trainer.max_steps")
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None  # -1: no step limit
+
+
 # ---- one run, in this process ---------------------------------------------------------------------------------
 def _numeric_metrics(metrics: dict) -> dict[str, float]:
     out = {}
@@ -200,6 +211,15 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
 
     run.dir.mkdir(parents=True, exist_ok=True)
     resume, step, notes = resume_point(run.dir / "checkpoints")
+    max_steps = _max_steps(run)
+    if resume is not None and max_steps is not None and step >= max_steps:
+        # Killed after its final checkpoint but before the end of the run: Lightning logs a step's metrics after
+        # that step's checkpoint, and the last validation and status come later still. Resuming would train
+        # nothing and log nothing, so those would be missing for good; the run is seeded, so starting over
+        # rebuilds it exactly (tests/test_sweep_fault_injection.py).
+        notes = [*notes, f"{resume.name} holds the whole training (step {step}) but the run was stopped before it "
+                 "logged and recorded its end: starting over"]
+        resume, step = None, None
     status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
     for note in status["notes"]:
         if is_rank_zero():

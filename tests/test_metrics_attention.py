@@ -145,6 +145,18 @@ def test_fully_padded_rows_are_excluded():
 # ---------------------------------------------------------------------------------------------------------
 
 
+def visible_rows(weights, allowed):
+    """(head, n, the row's visible weights as floats) for every row with n >= 1 visible keys, one at a time."""
+    b, h, lq, _ = weights.shape
+    for bi in range(b):
+        for hi in range(h):
+            for qi in range(lq):
+                mask = allowed[bi, hi, qi]
+                n = int(mask.sum())
+                if n:
+                    yield hi, n, weights[bi, hi, qi][mask].double().tolist()
+
+
 def brute_row(a: list[float], n: int, ks) -> dict[str, float]:
     """Every statistic for one row with Python floats; `a` holds only the visible weights."""
     h = -sum(x * math.log(x) for x in a if x > 0)
@@ -176,20 +188,13 @@ def test_summarize_rows_matches_brute_force(seed, sparse):
     sums = summarize_rows(weights, allowed, topk=ks)
 
     expected = {key: [0.0] * h for key in sums}
-    for bi in range(b):
-        for hi in range(h):
-            for qi in range(lq):
-                mask = allowed[bi, hi, qi]
-                n = int(mask.sum())
-                if n == 0:
-                    continue
-                a = weights[bi, hi, qi][mask].double().tolist()
-                expected["rows"][hi] += 1
-                for key, value in brute_row(a, n, ks).items():
-                    expected[key][hi] += value
-                if n >= 2:
-                    expected["rows_nondegenerate"][hi] += 1
-                    expected["normalized_entropy"][hi] += brute_row(a, n, ())["entropy"] / math.log(n)
+    for hi, n, a in visible_rows(weights, allowed):
+        expected["rows"][hi] += 1
+        for key, value in brute_row(a, n, ks).items():
+            expected[key][hi] += value
+        if n >= 2:
+            expected["rows_nondegenerate"][hi] += 1
+            expected["normalized_entropy"][hi] += brute_row(a, n, ())["entropy"] / math.log(n)
     assert set(expected) == set(sums)
     for key, value in sums.items():
         assert value.shape == (h,)
@@ -319,22 +324,15 @@ def test_by_visible_sums_match_brute_force():
     from study.metrics import VISIBLE_BINS, by_visible_sums
 
     weights, allowed = random_inputs(0, sparse=False)
-    b, h, lq, lk = weights.shape
+    h = weights.shape[1]
     sums = by_visible_sums(weights, allowed)
     expected = {key: torch.zeros(h, VISIBLE_BINS, dtype=torch.float64) for key in sums}
-    for bi in range(b):
-        for hi in range(h):
-            for qi in range(lq):
-                mask = allowed[bi, hi, qi]
-                n = int(mask.sum())
-                if n == 0:
-                    continue
-                a = weights[bi, hi, qi][mask].double().tolist()
-                bin_ = min(int(math.floor(math.log2(n))), VISIBLE_BINS - 1)
-                expected["by_n/rows"][hi, bin_] += 1
-                expected["by_n/max_weight"][hi, bin_] += max(a)
-                if n >= 2:
-                    expected["by_n/normalized_entropy"][hi, bin_] += brute_row(a, n, ())["entropy"] / math.log(n)
+    for hi, n, a in visible_rows(weights, allowed):
+        bin_ = min(int(math.floor(math.log2(n))), VISIBLE_BINS - 1)
+        expected["by_n/rows"][hi, bin_] += 1
+        expected["by_n/max_weight"][hi, bin_] += max(a)
+        if n >= 2:
+            expected["by_n/normalized_entropy"][hi, bin_] += brute_row(a, n, ())["entropy"] / math.log(n)
     for key, value in sums.items():
         torch.testing.assert_close(value, expected[key], atol=1e-5, rtol=1e-5)
 

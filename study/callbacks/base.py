@@ -89,7 +89,37 @@ def tensorboard_writers(trainer: L.Trainer) -> list[Any]:
     return writers
 
 
-class TapMonitor(Callback):
+class TapWindow(Callback):
+    """A callback that is an attention tap while its window is open (`study.attention.tapping`), and that closes
+    the window whatever ends the fit (an exception, teardown). Subclasses open it on the steps they measure."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+
+    def _open_tap(self) -> None:
+        self._close()
+        self._stack = ExitStack()
+        self._stack.enter_context(tapping(self))
+
+    def _close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack = None
+
+    @property
+    def is_tapping(self) -> bool:
+        return self._stack is not None
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._close()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._close()
+
+
+class TapMonitor(TapWindow):
     """Base class of the attention monitors: tap on logging steps and during validation, sum, reduce, log.
 
     Subclasses implement `summarize` (one attention call -> per-layer sums) and `compute` (reduced sums ->
@@ -103,10 +133,10 @@ class TapMonitor(Callback):
     def __init__(self, every_n_steps: int = 50, validation: bool = True) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        super().__init__()
         self.every_n_steps = every_n_steps
         self.validation = validation
         self._sums: dict[str, Sums] = {TRAIN: {}, VAL: {}}
-        self._stack: ExitStack | None = None
         self._phase: str | None = None
         self._window_step: int | None = None
         # Counters kept across checkpoints (see `state_dict`).
@@ -156,19 +186,13 @@ class TapMonitor(Callback):
     # ----- opening and closing -----------------------------------------------------------------------------
 
     def _open(self, phase: str) -> None:
-        self._close()
-        self._stack = ExitStack()
-        self._stack.enter_context(tapping(self))
+        self._open_tap()
         self._phase = phase
 
+    @override
     def _close(self) -> None:
-        if self._stack is not None:
-            self._stack.close()
-        self._stack, self._phase = None, None
-
-    @property
-    def is_tapping(self) -> bool:
-        return self._stack is not None
+        super()._close()
+        self._phase = None
 
     # ----- logging -----------------------------------------------------------------------------------------
 
@@ -244,14 +268,6 @@ class TapMonitor(Callback):
         if self.validation and not trainer.sanity_checking:
             self._log_phase(trainer, pl_module, VAL, step=trainer.global_step)
         self._sums[VAL] = {}
-
-    @override
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._close()
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._close()
 
     # ----- checkpointing -----------------------------------------------------------------------------------
 

@@ -8,18 +8,16 @@ chosen (layer, head) maps to the host, and at the end of that validation epoch d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
 
 from study import tags
-from study.attention import AttentionSpec, tapping
-from study.callbacks.base import tensorboard_writers
+from study.attention import AttentionSpec
+from study.callbacks.base import TapWindow, tensorboard_writers
 
 
 def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False, floor: float = 1e-4):
@@ -60,7 +58,7 @@ def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False
     return fig
 
 
-class AttentionMapMonitor(Callback):
+class AttentionMapMonitor(TapWindow):
     """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
 
     The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is
@@ -98,6 +96,7 @@ class AttentionMapMonitor(Callback):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if isinstance(sample_index, bool) or not isinstance(sample_index, int) or sample_index < 0:
             raise ValueError(f"sample_index must be an integer >= 0, got {sample_index!r}")
+        super().__init__()
         self.every_n_steps = every_n_steps
         self.layers = None if layers is None else tuple(layers)
         self.heads = None if heads is None else tuple(heads)
@@ -107,7 +106,6 @@ class AttentionMapMonitor(Callback):
         self.val_logs = 0
         self.last_logged_step = -1
         self._maps: dict[int, dict[int, tuple[Tensor, float]]] = {}
-        self._stack: ExitStack | None = None
 
     # ----- the tap -----------------------------------------------------------------------------------------
 
@@ -126,11 +124,6 @@ class AttentionMapMonitor(Callback):
     def _due(self, trainer: L.Trainer) -> bool:
         return self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
 
-    def _close(self) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
     # ----- Lightning hooks ---------------------------------------------------------------------------------
 
     @override
@@ -139,8 +132,7 @@ class AttentionMapMonitor(Callback):
     ) -> None:
         if batch_idx == 0 and dataloader_idx == 0 and trainer.is_global_zero and not trainer.sanity_checking:
             if self._due(trainer):
-                self._stack = ExitStack()
-                self._stack.enter_context(tapping(self))
+                self._open_tap()
 
     @override
     def on_validation_batch_end(
@@ -171,14 +163,6 @@ class AttentionMapMonitor(Callback):
                     plt.close(fig)
         self.val_logs += 1
         self.last_logged_step = step
-
-    @override
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._close()
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._close()
 
     @override
     def state_dict(self) -> dict[str, Any]:

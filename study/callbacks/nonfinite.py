@@ -74,14 +74,13 @@ class NonFiniteGuard(L.Callback):
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.diverged: dict[str, Any] | None = None
-        self._bad_loss: str | None = None
+        self._loss: torch.Tensor | None = None
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        self._bad_loss = None
-        if self.check_loss and not bool(torch.isfinite(loss.detach()).all()):
-            self._bad_loss = f"non-finite loss ({float(loss.detach().float().reshape(-1)[0])})"
+        # Kept on the device: the loss and the gradients are judged together, with one host sync per step.
+        self._loss = loss.detach() if self.check_loss else None
 
     @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
@@ -91,9 +90,15 @@ class NonFiniteGuard(L.Callback):
             norm = torch.linalg.vector_norm(
                 torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
             )
-        reason = self._bad_loss
-        if reason is None and self.check_grads and norm is not None and not bool(torch.isfinite(norm)):
-            reason = f"non-finite gradient norm ({float(norm)})"
+        checks = ([] if self._loss is None else [torch.isfinite(self._loss).all()]) + (
+            [torch.isfinite(norm)] if self.check_grads and norm is not None else []
+        )
+        reason = None
+        if checks and not bool(torch.stack(checks).all()):  # the one sync; the reason is worked out only when bad
+            if self._loss is not None and not bool(torch.isfinite(self._loss).all()):
+                reason = f"non-finite loss ({float(self._loss.float().reshape(-1)[0])})"
+            else:
+                reason = f"non-finite gradient norm ({float(norm)})"
         bad = reason is not None
         if trainer.world_size > 1:  # every rank must take the same decision
             bad = trainer.strategy.reduce_boolean_decision(bad, all=False)

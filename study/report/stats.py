@@ -152,11 +152,13 @@ def slope_interval(per_level: dict[float, Sequence[float]], what: str = "runs", 
 
     Unpaired (runs): each level's replicates are resampled independently (a stratified bootstrap over seeds).
     Paired (probe batches): the same batches are measured at every level, so batch indices are resampled jointly.
-    Non-positive values have no logarithm: a level holding one is dropped before counting.
+    Non-positive values have no logarithm: a level holding one makes the slope undefined, and says so (dropping
+    the level would fit the others and could turn a vanishing quantity into support for its growth).
     """
-    levels = {
-        x: _clean(v) for x, v in sorted(per_level.items()) if x > 0 and len(_clean(v)) and (_clean(v) > 0).all()
-    }
+    zero = [x for x, v in sorted(per_level.items()) if x > 0 and len(_clean(v)) and not (_clean(v) > 0).all()]
+    if zero:
+        raise TooFew(f"a value <= 0 at level(s) {', '.join(f'{x:g}' for x in zero)}: no log-log slope")
+    levels = {x: _clean(v) for x, v in sorted(per_level.items()) if x > 0 and len(_clean(v))}
     counts = [len(v) for v in levels.values()]
     if len(levels) < MIN_LEVELS or min(counts) < MIN_PER_LEVEL:
         raise TooFew(f"{len(levels)} levels with {counts} {what} (need {MIN_LEVELS} levels x {MIN_PER_LEVEL})")

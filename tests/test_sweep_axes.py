@@ -102,3 +102,15 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
     # The report's one place for axes: findings pool over alpha's values, and say so.
     runs = [summarize(RunData(r.name, r.dir, r.params, {}, r.resolved)) for r in plan.runs]
     assert other_axes(runs) == ["alpha"]
+
+
+def test_extra_arguments_are_recorded_and_may_not_override_the_grid(tmp_path):
+    """`study sweep ... --model.x=v` reaches every run: the plan records it (params, resolved config), and an extra
+    argument that would silently replace a grid value (or the sweep's logger) is refused."""
+    spec = write_spec(tmp_path, {"temperature": [0.1, 1.0]})
+    plan = build_plan(spec, passthrough=["--trainer.gradient_clip_val=0.37", "--seed_everything=7"])
+    assert plan.runs[0].resolved["trainer"]["gradient_clip_val"] == 0.37
+    assert [r.params["seed"] for r in plan.runs] == [7, 7] and plan.runs[0].name == "T0.1_kall_softmax_s7"
+    for extra in (["--model.attention.temperature=0.5"], ["--trainer.logger=false"]):
+        with pytest.raises(SweepSpecError, match="which the sweep sets per run"):
+            build_plan(spec, passthrough=extra)

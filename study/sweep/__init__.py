@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)
-    subprocess_mode = args.parallel > 1 or needs_subprocess(plan, passthrough)
+    subprocess_mode = args.parallel > 1 or needs_subprocess(plan)
     print(
         f"study sweep {plan.name}: {len(plan.runs)} runs ({len(plan.runs) - len(todo)} already done)"
         + (", pretraining first" if pretrain_todo else (", pretrained model cached" if plan.pretrain else ""))

@@ -24,6 +24,22 @@ def _cli_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def passthrough_settings(passthrough: list[str]) -> dict[str, Any]:
+    """The settings that extra `study sweep` arguments (`--trainer.devices=4`, `--model.x 1`) give every run, parsed
+    as `study fit` parses them (YAML values), so the plan records what the runs really get."""
+    import yaml
+
+    settings: dict[str, Any] = {}
+    i = 0
+    while i < len(passthrough):
+        key, has_value, value = passthrough[i].removeprefix("--").partition("=")
+        if not has_value and i + 1 < len(passthrough) and not passthrough[i + 1].startswith("--"):
+            value, i = passthrough[i + 1], i + 1
+        settings[key] = yaml.safe_load(value) if (has_value or value) else True
+        i += 1
+    return settings
+
+
 def _set_dotted(config: dict, key: str, value: Any) -> None:
     node = config
     parts = key.split(".")
@@ -117,4 +133,6 @@ class RunArgs:
         _set_dotted(resolved, "trainer.logger", logger)
         _set_dotted(resolved, "trainer.callbacks", callbacks)
         args += list(self.passthrough)
+        for key, value in passthrough_settings(self.passthrough).items():
+            _set_dotted(resolved, key, value)
         return args, resolved

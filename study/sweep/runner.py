@@ -99,11 +99,9 @@ def resume_point(ckpt_dir: Path) -> tuple[Path | None, int | None, list[str]]:
 
 
 def _max_steps(run: Run) -> int | None:
-    """The run's `trainer.max_steps` (the last one given on its command line, else its resolved config's)."""
-    given = [a.split("=", 1)[1] for a in run.args if a.startswith("--trainer.max_steps=")]
-    value = given[-1] if given else dotted_get(run.resolved, "trainer.max_steps")
+    """The run's `trainer.max_steps` (None: no step limit)."""
     try:
-        value = int(value)
+        value = int(dotted_get(run.resolved, "trainer.max_steps"))
     except (TypeError, ValueError):
         return None
     return value if value > 0 else None  # -1: no step limit

@@ -30,16 +30,10 @@ def pretrain_done(plan: Plan) -> bool:
     )
 
 
-def needs_subprocess(plan: Plan, passthrough: list[str]) -> bool:
+def needs_subprocess(plan: Plan) -> bool:
     """DDP inside the sweep process would relaunch the whole sweep per rank: run each such run as a subprocess."""
-    run = plan.runs[0]
-    trainer = run.resolved.get("trainer") or {}
+    trainer = plan.runs[0].resolved.get("trainer") or {}
     devices, strategy = str(trainer.get("devices", "auto")), str(trainer.get("strategy", "auto"))
-    for arg in passthrough:
-        if arg.startswith("--trainer.devices="):
-            devices = arg.split("=", 1)[1]
-        if arg.startswith("--trainer.strategy="):
-            strategy = arg.split("=", 1)[1]
     if "ddp" in strategy or devices.strip('"') not in ("1", "auto", "[0]"):
         return True
     if devices.strip('"') == "auto":

@@ -23,7 +23,7 @@ from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep import axes
-from study.sweep.runargs import RunArgs
+from study.sweep.runargs import RunArgs, passthrough_settings
 
 TOP_KEYS = {
     "name",
@@ -41,6 +41,7 @@ TOP_KEYS = {
     "probe",
 }
 PRETRAIN_KEYS = {"overrides"}
+SWEEP_OWNED = {"trainer.logger", "trainer.callbacks"}  # set per run by the sweep (runargs.py)
 QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe"}
 # `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
 PROBE_OPTIONS = {
@@ -297,6 +298,11 @@ def build_plan(
     owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
+    passed = passthrough_settings(list(passthrough or []))
+    owned = sorted(key for key in passed if key in {axes.axis(k).option for k in grid} | SWEEP_OWNED)
+    if owned:
+        raise SweepSpecError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
+                             "callbacks); change the spec instead")
     sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
     run_args = RunArgs(base, base_config, *_run_sections(spec), list(passthrough or []))
     args_for = run_args.args
@@ -313,7 +319,8 @@ def build_plan(
 
     runs = []
     # An axis the grid leaves out keeps the value the runs get anyway (an override's, else the base config's).
-    fixed = {axis.key: overrides.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
+    given = {**overrides, **passed}  # what every run gets, whichever way it was given
+    fixed = {axis.key: given.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
     for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in axes.AXES))):
         params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
         rname = axes.run_name(params, swept=set(grid))

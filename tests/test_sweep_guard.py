@@ -89,3 +89,31 @@ def test_diverged_run_in_a_sweep(tmp_path):
     assert st["state"] == "diverged" and "non-finite loss" in st["reason"] and st["global_step"] == 4
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert len(read_scalars(run)["train/loss"]) == 4
+
+
+def test_guard_sees_a_non_finite_loss_in_any_micro_batch_of_an_accumulation_window():
+    """With gradient accumulation, a NaN loss in the first micro-batch stops the run even when the last one is
+    finite and gradients are not checked."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from study.callbacks import NonFiniteGuard
+
+    layer = torch.nn.Linear(2, 2)
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    trainer = SimpleNamespace(world_size=1, global_step=3, should_stop=False)
+    module = SimpleNamespace(parameters=layer.parameters, log=lambda *a, **k: None)
+    guard = NonFiniteGuard(action="stop", check_grads=False)
+    guard.on_before_backward(trainer, module, torch.tensor(float("nan")))
+    guard.on_before_backward(trainer, module, torch.tensor(1.0))
+    guard.on_before_optimizer_step(trainer, module, None)
+    assert trainer.should_stop and "non-finite loss" in guard.diverged["reason"]
+    # the next window starts clean
+    trainer.should_stop, guard.diverged = False, None
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    guard.on_before_backward(trainer, module, torch.tensor(1.0))
+    guard.on_before_optimizer_step(trainer, module, None)
+    assert not trainer.should_stop and guard.diverged is None

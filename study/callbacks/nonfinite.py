@@ -25,6 +25,7 @@ Example (YAML, under `trainer.callbacks`):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -34,6 +35,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from study import tags
+from study.metrics import total_grad_norm
 
 ACTIONS = ("stop", "skip")
 SKIPPED_TAG = tags.GUARD_SKIPPED
@@ -75,28 +77,31 @@ class NonFiniteGuard(L.Callback):
         self.consecutive_skips = 0
         self.diverged: dict[str, Any] | None = None
         self._loss: torch.Tensor | None = None
+        self._loss_ok: torch.Tensor | None = None
 
     # ---- hooks ------------------------------------------------------------------------------------------------
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        # Kept on the device: the loss and the gradients are judged together, with one host sync per step.
-        self._loss = loss.detach() if self.check_loss else None
+        # Kept on the device and combined over the micro-batches of an accumulation window (any of them may be the
+        # non-finite one); the loss and the gradients are judged together, with one host sync per optimizer step.
+        if self.check_loss:
+            finite = torch.isfinite(loss.detach()).all()
+            self._loss_ok = finite if self._loss_ok is None else self._loss_ok & finite
+            self._loss = loss.detach()
 
     @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        norm = None
-        if grads and (self.check_grads or self.log_grad_norm):
-            norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
-            )
-        checks = ([] if self._loss is None else [torch.isfinite(self._loss).all()]) + (
+        grads = [p for p in pl_module.parameters() if p.grad is not None]
+        norm = total_grad_norm(grads) if grads and (self.check_grads or self.log_grad_norm) else None
+        loss_ok, self._loss_ok = self._loss_ok, None
+        checks = ([] if loss_ok is None else [loss_ok]) + (
             [torch.isfinite(norm)] if self.check_grads and norm is not None else []
         )
         reason = None
         if checks and not bool(torch.stack(checks).all()):  # the one sync; the reason is worked out only when bad
-            if self._loss is not None and not bool(torch.isfinite(self._loss).all()):
-                reason = f"non-finite loss ({float(self._loss.float().reshape(-1)[0])})"
+            if loss_ok is not None and not bool(loss_ok):
+                last = float(self._loss.float().reshape(-1)[0])
+                reason = f"non-finite loss ({last if not math.isfinite(last) else 'an earlier micro-batch'})"
             else:
                 reason = f"non-finite gradient norm ({float(norm)})"
         bad = reason is not None

@@ -35,14 +35,17 @@ VERBS: dict[str, str] = {
     "probe": "study.probe",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
+# Verbs with a --verbose of their own (the sweep's shows every run's output live); it also shows tracebacks.
+VERBS_WITH_VERBOSE = ("sweep",)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`study <verb> ...`. A bad input or a failed run ends in one line on stderr; `--verbose` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
-    argv = [a for a in argv if a != "--verbose"]
     verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
+    if verb not in VERBS_WITH_VERBOSE:
+        argv = [a for a in argv if a != "--verbose"]
     try:
         module = importlib.import_module(VERBS.get(verb, "study.fit"))
         # `study --help`, `study --print_config ...`, `study <unknown>`: LightningCLI answers (and names the verbs).

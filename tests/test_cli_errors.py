@@ -99,3 +99,17 @@ def test_a_damaged_checkpoint_to_resume_from_is_named(text_files, tmp_path, caps
     (line,) = error_lines(capsys)
     assert line.startswith(f"study fit: --ckpt_path {bad} does not load (RuntimeError: PytorchStreamReader")
     assert "remove it" in line and not (tmp_path / "logs").exists()
+
+
+def test_verbose_reaches_the_sweep_and_is_taken_from_the_others(monkeypatch):
+    """`study sweep --verbose` shows every run's output live, so the flag must reach the sweep; verbs without
+    their own --verbose get their arguments without it (it then only shows tracebacks)."""
+    import study.report
+    import study.sweep
+
+    seen = {}
+    monkeypatch.setattr(study.sweep, "main", lambda argv: seen.setdefault("sweep", argv) and 0)
+    monkeypatch.setattr(study.report, "main", lambda argv: seen.setdefault("report", argv) and 0)
+    main(["sweep", "--config", "x.yaml", "--verbose"])
+    main(["report", "logs/x", "--verbose"])
+    assert seen == {"sweep": ["--config", "x.yaml", "--verbose"], "report": ["logs/x"]}

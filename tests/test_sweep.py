@@ -258,3 +258,13 @@ def test_a_bad_override_is_refused_before_any_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "refuses its arguments: unrecognized arguments: --trainer.max_stepz=3; nothing was run" in err
     assert not list((tmp_path / "logs" / "tiny").glob("*/status.json"))
+
+
+def test_a_run_subprocess_gets_the_sweeps_threads():
+    """`--parallel` runs are `study sweep --run-index` subprocesses: --threads must reach them (they would set
+    their torch threads from the spec instead)."""
+    from study.sweep.runner import run_command
+
+    cmd = run_command(Path("s.yaml"), 3, True, ["--trainer.devices=1"], "out", threads=1)
+    assert cmd[cmd.index("--threads") + 1] == "1" and cmd[-1] == "--trainer.devices=1" and "--quick" in cmd
+    assert "--threads" not in run_command(Path("s.yaml"), 3, False, [], None)

@@ -256,13 +256,17 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
 
 # ---- one run, in a subprocess ---------------------------------------------------------------------------------
 def run_command(
-    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None
+    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None,
+    threads: int | None = None,
 ) -> list[str]:
+    """The `study sweep --run-index` command of one run, with every option of this sweep that the run needs."""
     cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path), "--run-index", str(index)]
     if quick:
         cmd.append("--quick")
     if save_dir:
         cmd += ["--save-dir", save_dir]
+    if threads:  # the child sets its torch threads from this, not from the inherited OMP_NUM_THREADS
+        cmd += ["--threads", str(threads)]
     return cmd + list(passthrough)
 
 

@@ -144,7 +144,7 @@ def run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress
                     _left_to_others(run, held, progress)
                     continue
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
-                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir)
+                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
                 active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
         time.sleep(0.2)
         for slot in list(active):
@@ -169,7 +169,7 @@ def wait_for_pretraining(plan: Plan) -> None:
 def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
     """Train the shared base run (its output in pretrain/sweep.log); its status."""
     if subprocess_mode:
-        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir)
+        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads)
         proc = launch_subprocess(cmd, plan.pretrain)
         proc.wait()
         return finish_subprocess(proc, plan.pretrain)

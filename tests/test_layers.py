@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "study"
 
-# Lower numbers are lower layers; a unit may import its own layer's *other* units only where listed below.
+# Lower numbers are lower layers; a unit imports only units of lower layers (docs/architecture.md, tested below).
 LAYERS: dict[str, int] = {
     "study.tags": 0,
     "study.progress": 0,
@@ -153,3 +153,19 @@ def test_the_study_command_and_the_report_load_neither_lightning_nor_transformer
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "[]"
+
+
+def test_docs_architecture_table_matches_the_layers_and_the_imports():
+    """docs/architecture.md's table states each unit's layer and what it imports; both are checked here, so the
+    page cannot drift from the code."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `study/([\w/]+?)(?:\.py|/)` \|.*\| ([^|]*) \|$", page, flags=re.M)
+    documented = {f"study.{unit}": int(layer) for layer, unit, _ in rows}
+    assert documented == LAYERS
+    for _, unit, listed in rows:
+        imported = {_unit(m).removeprefix("study.") for name in MODULES if _unit(name) == f"study.{unit}"
+                    for m in GRAPH[name] if _unit(m) not in (f"study.{unit}", "study")}
+        named = set() if listed.strip() == "nothing" else {w.strip() for w in listed.split(",")}
+        assert imported <= named | {"the verbs"}, f"study/{unit}: imports {sorted(imported - named)}, not in the table"

@@ -174,7 +174,7 @@ class CausalLMModule(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        if self.trainer.is_global_zero and self.hparams.get("hparams_session", True):
+        if self.trainer.is_global_zero and self.hparams.hparams_session:
             for logger in self.loggers:
                 if isinstance(logger, TensorBoardLogger):
                     write_session(logger, self.hparam_summary(), HPARAMS_METRICS, experiment=self.hparams.hparams_experiment)

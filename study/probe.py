@@ -70,10 +70,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _embedded(name: str) -> bool:
-    try:  # short names of models the project embeds (study.pretrained, when present)
-        from study.pretrained import EMBEDDED_MODELS
-    except ImportError:
-        return False
+    """A short name of a model the project embeds (smollm2-135m)."""
+    from study.pretrained import EMBEDDED_MODELS
+
     return name in EMBEDDED_MODELS
 
 

@@ -32,18 +32,17 @@ def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False
 
     The colour map is viridis (perceptually uniform, readable in grey); the colour bar gives the weight scale.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    # A Figure of its own, not pyplot's: no global backend switch (a notebook keeps its own) and nothing to close.
     from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
 
     if weights.dim() != 2:
         raise ValueError(f"an attention map is (queries, keys); got shape {tuple(weights.shape)}")
     data = weights.detach().float().cpu().numpy()
     q_len, k_len = data.shape
     size = 3.2 + 2.0 * min(max(q_len, k_len), 128) / 128
-    fig, ax = plt.subplots(figsize=(size + 0.9, size), dpi=90)
+    fig = Figure(figsize=(size + 0.9, size), dpi=90)
+    ax = fig.subplots()
     if log_scale:
         image = ax.imshow(data.clip(min=floor), cmap="viridis", norm=LogNorm(vmin=floor, vmax=1.0))
     else:
@@ -148,19 +147,17 @@ class AttentionMapMonitor(TapWindow):
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        import matplotlib.pyplot as plt
-
         maps, self._maps = self._maps, {}
         if not maps or trainer.sanity_checking:
             return
         step = trainer.global_step
-        for writer in tensorboard_writers(trainer):
-            for layer, per_head in sorted(maps.items()):
-                for head, (weights, temperature) in per_head.items():
-                    title = f"layer {layer}, head {head}, T = {temperature:g}, step {step}"
-                    fig = draw_attention_map(weights, title=title, log_scale=self.log_scale)
-                    writer.add_figure(tags.attention_map(layer, head), fig, step, close=True)
-                    plt.close(fig)
+        writers = tensorboard_writers(trainer)
+        for layer, per_head in sorted(maps.items()):
+            for head, (weights, temperature) in per_head.items():
+                title = f"layer {layer}, head {head}, T = {temperature:g}, step {step}"
+                fig = draw_attention_map(weights, title=title, log_scale=self.log_scale)  # drawn once for all writers
+                for writer in writers:
+                    writer.add_figure(tags.attention_map(layer, head), fig, step, close=False)
         self.val_logs += 1
         self.last_logged_step = step
 

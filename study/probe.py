@@ -250,10 +250,14 @@ def hessian_qk(model: nn.Module, batch: Tensor, iterations: int, generator: torc
     return rho, shifted - rho
 
 
-def probe_temperature(model: nn.Module, batches: list[Tensor], temperature: float, args, generator) -> dict:
-    """Every measurement at one T (the model's attention set to T first)."""
+def probe_temperature(model: nn.Module, batches: list[Tensor], temperature: float, args) -> dict:
+    """Every measurement at one T (the model's attention set to T first).
+
+    The row sampler and the power iteration restart from `args.seed` at every T: the sampled rows depend only on
+    the mask, so every T measures the same rows from the same start (a paired comparison across T)."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
 
+    generator = torch.Generator().manual_seed(args.seed)
     apply_attention_spec(model, AttentionSpec(temperature=temperature))
     per_batch, sampled = [], []
     for batch in batches:
@@ -344,9 +348,8 @@ def run_probe(args: argparse.Namespace, text: str, argv: list[str] | None = None
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     batches = make_batches(tokenizer, text, args.batches, args.batch_size, args.seq_len)
-    generator = torch.Generator().manual_seed(args.seed)
     grid = sorted(set(args.temperatures))
-    results = [probe_temperature(model, batches, t, args, generator)
+    results = [probe_temperature(model, batches, t, args)
                for t in progress(grid, "probe", unit="T", enabled=show_progress, label="{:g}".format)]
     return {
         "model": args.model, "text": args.text, "batches": args.batches, "batch_size": args.batch_size,

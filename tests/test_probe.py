@@ -164,3 +164,15 @@ def test_sweep_spec_probe_section(tmp_path):
         (tmp_path / "base.yaml").write_text("model: {}\n")
         with pytest.raises(SweepSpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             build_plan(spec)
+
+
+def test_every_temperature_measures_the_same_rows(tmp_path, text_file):
+    """The row sample and the power iteration restart from the seed at every T: two temperatures that differ by
+    1e-9 give the same Jacobian statistics and Hessian (a new sample per T gave different rows)."""
+    folder = save_tiny(tmp_path, text_file, "gpt2")
+    out = tmp_path / "out"
+    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "1.000000001", "--quiet")) == 0
+    first, second = json.loads((out / "probe.json").read_text())["results"]
+    for key in ("p10", "p50", "p90", "max"):
+        assert second["jacobian"][key] == pytest.approx(first["jacobian"][key], rel=1e-6), key
+    assert second["hessian_qk_top"] == pytest.approx(first["hessian_qk_top"], rel=1e-4)

@@ -1,6 +1,7 @@
 """Attention monitors on real training runs: values read back from the TensorBoard event files."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -210,3 +211,16 @@ def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
     assert values["val/attention/by_visible/max_weight/n1"][-1][1] == pytest.approx(1.0)
     for tag in ("attention/saturated/mean", "attention/selection_entropy_k2/mean", "attention/jacobian/frac_saturated"):
         assert 0.0 <= values[tag][0][1] <= math.log(2) + 1e-6, tag
+
+
+def test_map_monitor_refuses_layers_and_heads_the_model_does_not_have():
+    """An asked-for head or layer that does not exist is an error naming it, not a map silently left out."""
+    monitor = AttentionMapMonitor(heads=[0, 7])
+    weights, allowed = torch.rand(1, 4, 5, 5).softmax(-1), torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"heads=\[0, 7\] but layer 0 has 4 heads"):
+        monitor.observe(0, weights, allowed, AttentionSpec())
+    monitor = AttentionMapMonitor(layers=[0, 9])
+    monitor.observe(0, weights, allowed, AttentionSpec())
+    trainer = SimpleNamespace(sanity_checking=False, global_step=0, is_global_zero=True, loggers=[])
+    with pytest.raises(ValueError, match=r"no attention layer \[9\] reached the monitor"):
+        monitor.on_validation_epoch_end(trainer, None)

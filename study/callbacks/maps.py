@@ -116,7 +116,9 @@ class AttentionMapMonitor(TapWindow):
                 f"sample_index={self.sample_index} but the first validation batch has {weights.shape[0]} samples"
             )
         w = weights[self.sample_index, :, : self.max_tokens, : self.max_tokens]  # (H, Lq, Lk)
-        heads = range(w.shape[0]) if self.heads is None else [h for h in self.heads if h < w.shape[0]]
+        if self.heads and max(self.heads) >= w.shape[0]:
+            raise ValueError(f"heads={list(self.heads)} but layer {layer} has {w.shape[0]} heads")
+        heads = range(w.shape[0]) if self.heads is None else self.heads
         # A few small maps, once per `every_n_steps`: copying them to the host here is cheap enough.
         self._maps[layer] = {h: (w[h].float().cpu(), spec.temperature) for h in heads}
 
@@ -150,6 +152,10 @@ class AttentionMapMonitor(TapWindow):
         maps, self._maps = self._maps, {}
         if not maps or trainer.sanity_checking:
             return
+        missing = sorted(set(self.layers or ()) - set(maps))
+        if missing:  # asked for, never seen: the model has no such attention layer
+            raise ValueError(f"layers={list(self.layers)}: no attention layer {missing} reached the monitor "
+                             "(attention layers are numbered from 0 in module order)")
         step = trainer.global_step
         writers = tensorboard_writers(trainer)
         for layer, per_head in sorted(maps.items()):

@@ -98,3 +98,12 @@ def test_normalizers_are_compared_in_their_own_section(tmp_path):
     assert "| softmax | 2 | 0 | 55 | 0.9 | 8 | 5.5 |" in section
     assert "| sparsemax | 2 | 0 | 66 | 0.4 | 2 | 5.5 |" in section
     assert (sweep / "report" / "normalizers.png").stat().st_size > 1000
+
+
+def test_a_damaged_probe_json_is_named_and_the_report_goes_without_it(tmp_path, capsys):
+    from study.report.build import load_probe
+
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "probe.json").write_text('{"results": [')
+    assert load_probe(tmp_path) is None
+    assert "probe.json is damaged" in capsys.readouterr().out

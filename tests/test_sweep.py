@@ -268,3 +268,15 @@ def test_a_run_subprocess_gets_the_sweeps_threads():
     cmd = run_command(Path("s.yaml"), 3, True, ["--trainer.devices=1"], "out", threads=1)
     assert cmd[cmd.index("--threads") + 1] == "1" and cmd[-1] == "--trainer.devices=1" and "--quick" in cmd
     assert "--threads" not in run_command(Path("s.yaml"), 3, False, [], None)
+
+
+def test_a_damaged_status_file_means_not_done(tmp_path):
+    """Binary garbage or a JSON list in status.json (a full disk, a stray write) must not stop the whole sweep."""
+    from study.sweep.runner import read_status
+
+    (tmp_path / "status.json").write_bytes(b"\xff\xfe\x00garbage")
+    assert read_status(tmp_path) is None
+    (tmp_path / "status.json").write_text("[1, 2]")
+    assert read_status(tmp_path) is None
+    (tmp_path / "status.json").write_text('{"state": "finished"}')
+    assert read_status(tmp_path) == {"state": "finished"}

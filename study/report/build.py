@@ -13,7 +13,7 @@ from study.report import markdown as md
 from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import findings, sanity_checks
-from study.report.read import load_sweep
+from study.report.read import load_sweep, read_json
 from study.report.summary import Summary, dedupe, summarize
 
 WANTED_TAGS = (
@@ -23,9 +23,16 @@ WANTED_TAGS = (
 
 
 def load_probe(sweep_dir: Path) -> dict | None:
-    """`<sweep>/probe/probe.json` as written by `study probe`, if the sweep ran it."""
+    """`<sweep>/probe/probe.json` as written by `study probe`, if the sweep ran it (a damaged one is named, and
+    the report goes without it)."""
     path = sweep_dir / "probe" / "probe.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    problems: list[str] = []
+    probe = read_json(path, problems)
+    for line in problems:
+        print(f"study report: {line}", flush=True)
+    return probe
 
 
 PAPER_AXES = ("temperature", "top_k", "normalizer", "seed")  # what the findings group and pool runs by

@@ -35,6 +35,7 @@ import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
+from study.report.read import read_json
 from study.sweep.lock import busy
 from study.sweep.runner import (
     FINAL_STATES,
@@ -289,7 +290,7 @@ def _run_probe(plan: Plan, quiet: bool = True) -> bool:
 
     out = plan.sweep_dir / "probe"
     done = out / "probe.json"
-    if done.is_file() and json.loads(done.read_text()).get("argv") == plan.probe:
+    if done.is_file() and (read_json(done, []) or {}).get("argv") == plan.probe:  # a damaged one is redone
         print(f"probe: cached ({done})", flush=True)
         return True
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from typing import Any
 from study import tags
 from study.checkpoints import checkpoint_step
 from study.progress import format_seconds
-from study.report.read import dotted_get
+from study.report.read import dotted_get, read_json
 from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
@@ -34,13 +34,10 @@ def is_rank_zero() -> bool:
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's status, or None when it has none or it is damaged (not JSON, not text, not an object): the run
+    is then treated as not done, and the report names the damaged file."""
     path = Path(run_dir) / STATUS_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
+    return read_json(path, []) if path.is_file() else None
 
 
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:

@@ -280,3 +280,12 @@ def test_a_damaged_status_file_means_not_done(tmp_path):
     assert read_status(tmp_path) is None
     (tmp_path / "status.json").write_text('{"state": "finished"}')
     assert read_status(tmp_path) == {"state": "finished"}
+
+
+def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
+    spec = write_spec(tmp_path, {"seed": [0]}, checkpoint={"enabled": False, "every_n_train_steps": 5})
+    with pytest.raises(SweepSpecError, match="every_n_train_steps with enabled: false"):
+        build_plan(spec)
+    spec = write_spec(tmp_path, {"seed": [0]})
+    assert main(["--config", str(spec), "--devices-per-run", "2", "--dry-run"]) == 2
+    assert "--devices-per-run pins the GPUs of --parallel runs" in capsys.readouterr().err

@@ -207,6 +207,10 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
+    if args.devices_per_run > 1 and args.parallel == 1:
+        print("study sweep: --devices-per-run pins the GPUs of --parallel runs; with one run at a time use "
+              "--trainer.devices=N", file=sys.stderr)
+        return 2
     refused = _refused_args(plan, args.run_index)
     if refused:
         print(f"study sweep: {refused}; nothing was run", file=sys.stderr)

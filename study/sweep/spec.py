@@ -258,6 +258,8 @@ def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
     _check_keys("guard", guard, GUARD_KEYS)
     checkpoint = spec.get("checkpoint") or {}
     _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
+    if checkpoint.get("enabled", True) is False and checkpoint.get("every_n_train_steps") is not None:
+        raise SweepSpecError("`checkpoint` sets every_n_train_steps with enabled: false (no checkpoint is written)")
     extra_callbacks = spec.get("callbacks") or []
     if not isinstance(extra_callbacks, list) or not all(
         isinstance(c, dict) and "class_path" in c for c in extra_callbacks

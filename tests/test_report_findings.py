@@ -146,6 +146,12 @@ def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
     zero = F.instability_finding(runs([0, 0, 0], [0, 0, 0]))
     assert zero.verdict == INCONCLUSIVE and "zero events" in zero.value
     assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == NOT_SUPPORTED
+    # Zero events can refute the claim too, given enough runs: 0 of 12 bounds the low-T fraction at 0.22 < 0.25.
+    calm = [run(0.01, s, spikes=0) for s in range(12)] + [run(1.0, s, spikes=0) for s in range(12)]
+    finding = F.instability_finding(calm)
+    assert finding.verdict == NOT_SUPPORTED and "0.2209" in finding.value
+    few = F.instability_finding(calm[:8] + calm[12:20])  # 0 of 8: bound 0.31, still allows 0.25
+    assert few.verdict == INCONCLUSIVE and "upper bound 0.3123" in few.value
     # clipped runs are used only when no unclipped run exists, and the claim says so
     clipped = [run(0.01, s, spikes=1, clip=1.0) for s in SEEDS] + [run(1.0, s, spikes=0, clip=1.0) for s in SEEDS]
     assert "clipped" in F.instability_finding(clipped).claim

@@ -195,8 +195,15 @@ def instability_finding(summaries: list[Summary]) -> Finding:
     statistic = f"unstable-run fraction (diverged, spike or skipped step) T={fmt(t_low)} minus T={fmt(t_ref)}"
 
     def compute() -> Interval:
-        if len(low) >= 1 and len(ref) >= 1 and not any(s.unstable for s in low + ref):
-            raise TooFew(f"no unstable run in either group ({len(low)} vs {len(ref)} runs): zero events")
+        if low and ref and not any(s.unstable for s in low + ref):
+            # No event to resample: bound each fraction by the exact one-sided 95% upper limit for 0 events in n
+            # runs, 1 - 0.05^(1/n) (about 3/n, "the rule of three"). Enough calm runs bound the difference below
+            # the claimed effect (not supported); a few (3 seeds: 0.63) leave it inconclusive.
+            upper_low, upper_ref = 1 - 0.05 ** (1 / len(low)), 1 - 0.05 ** (1 / len(ref))
+            if upper_low < UNSTABLE_RULE.claimed:
+                return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref))
+            raise TooFew(f"no unstable run in either group ({len(low)} vs {len(ref)} runs): zero events; the low-T "
+                         f"fraction's 95% upper bound {fmt(upper_low)} still allows the claimed effect")
         return difference_interval([float(s.unstable) for s in low], [float(s.unstable) for s in ref])
 
     return _judge(claim, "equal fractions", statistic, UNSTABLE_RULE, compute)

@@ -19,6 +19,7 @@ from typing import Any
 
 from study import tags
 from study.checkpoints import checkpoint_step
+from study.errors import one_line
 from study.progress import format_seconds
 from study.report.read import dotted_get, read_json
 from study.sweep.spec import Plan, Run
@@ -231,7 +232,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
         status.update(_outcome(cli, guard, is_pretrain, run))
     except Exception as err:  # noqa: BLE001 - a failed run is recorded and does not stop the sweep
-        status.update(state="failed", reason=f"{type(err).__name__}: {err}")
+        status.update(state="failed", reason=f"{type(err).__name__}: {one_line(err)}")  # one line in the console
         if is_rank_zero():
             try:
                 (run.dir / "error.txt").write_text(traceback.format_exc())

@@ -204,3 +204,30 @@ def test_report_warns_when_runs_also_vary_an_axis_the_findings_pool_over(tmp_pat
     assert "also vary `learning_rate`" in report_text("x", "x", runs, runs, {}, None, [])
     same = [with_params(run(t, seed), learning_rate=1e-3) for t in TEMPS for seed in SEEDS]
     assert other_axes(same) == [] and "Caution" not in report_text("x", "x", same, same, {}, None, [])
+
+
+# ---- the two-sided band rule for "grows like x^a" ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "lo, hi, expected, side",
+    [
+        (-1.1, -0.9, SUPPORTED, ""),  # a slope of -1: inside -1 +- 0.25
+        (-0.35, -0.25, NOT_SUPPORTED, "shallower than T^-1"),  # -0.3: too flat
+        (-4.9, -4.5, NOT_SUPPORTED, "steeper than T^-1"),  # -4.7: far steeper, which contradicts 1/T as well
+        (-1.4, -1.0, INCONCLUSIVE, ""),  # straddles the band's lower edge
+        (float("nan"), -1.0, INCONCLUSIVE, ""),
+    ],
+)
+def test_band_rule_is_two_sided(lo, hi, expected, side):
+    from study.report.stats import BandRule
+
+    rule = BandRule(claimed=-1.0, width=0.25)
+    interval = Interval((lo + hi) / 2, lo, hi, 3)
+    assert rule.verdict(interval) == expected
+    assert rule.side(interval) == side
+
+
+def test_band_rule_needs_a_band():
+    from study.report.stats import BandRule
+
+    with pytest.raises(ValueError, match="width=0"):
+        BandRule(claimed=-1.0, width=0)

@@ -48,6 +48,8 @@ class Finding:
     value: str  # "estimate [lo, hi]" or why there is no interval
     verdict: str
     rule: str
+    paper_value: str = ""  # what the paper states or measured, for the scorecard ("1/T", "N* ~ 0.06 L")
+    experiment: str = ""  # where the number comes from: "frozen", "probe" or "training"
 
 
 @dataclass

@@ -94,6 +94,56 @@ class Rule:
         )
 
 
+@dataclass(frozen=True)
+class BandRule:
+    """A two-sided rule for "grows like x^a": an equivalence band around the claimed exponent.
+
+    The claim is a rate, so a slope far steeper than claimed contradicts it as much as a flat one does:
+
+        supported      the interval lies inside [claimed - width, claimed + width];
+        not supported  the interval lies entirely outside the band (`side` says which way);
+        inconclusive   otherwise (it straddles an edge of the band), and whenever there is no interval.
+    """
+
+    claimed: float
+    width: float
+    quantity: str = "T"  # the variable the exponent is on, for messages ("T", "n", "L")
+
+    def __post_init__(self) -> None:
+        if not self.width > 0:
+            raise ValueError(f"width={self.width!r}: the band needs a positive half-width")
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return self.claimed - self.width, self.claimed + self.width
+
+    def verdict(self, interval: Interval | None) -> str:
+        if interval is None or not (math.isfinite(interval.lo) and math.isfinite(interval.hi)):
+            return INCONCLUSIVE
+        lo, hi = sorted((interval.lo, interval.hi))
+        low, high = self.band
+        if low <= lo and hi <= high:
+            return SUPPORTED
+        if hi < low or lo > high:
+            return NOT_SUPPORTED
+        return INCONCLUSIVE
+
+    def side(self, interval: Interval | None) -> str:
+        """Which way a slope outside the band lies ("" when it is not entirely outside)."""
+        if self.verdict(interval) != NOT_SUPPORTED:
+            return ""
+        # a more negative exponent means a faster growth as the variable falls (T^-4.7 is steeper than T^-1)
+        below = max(interval.lo, interval.hi) < self.band[0]
+        return f"{'steeper' if below else 'shallower'} than {self.quantity}^{fmt(self.claimed)}"
+
+    def describe(self) -> str:
+        low, high = self.band
+        return (
+            f"supported if the 95% interval lies within [{fmt(low)}, {fmt(high)}] (the claimed exponent "
+            f"{fmt(self.claimed)} +- {fmt(self.width)}), not supported if it lies entirely outside that band"
+        )
+
+
 def _bootstrap(samples: tuple, statistic: Callable, paired: bool = False) -> tuple[float, float]:
     from scipy.stats import bootstrap
 

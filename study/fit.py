@@ -18,7 +18,7 @@ from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
 from study.data import TextDataModule
-from study.errors import load_yaml, one_line
+from study.errors import ConfigError, load_yaml, one_line
 from study.model import CausalLMModule
 
 
@@ -116,8 +116,9 @@ def _check_ckpt_path(argv: list[str]) -> None:
     paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
     for path in paths:
         if Path(path).is_file() and (problem := checkpoint_problem(path)):
-            raise ValueError(
-                f"--ckpt_path {path} does not load ({problem}); it is damaged: remove it and resume from an earlier "
+            what = "it is not a checkpoint to trust" if problem.startswith("UnpicklingError") else "it is damaged"
+            raise ConfigError(
+                f"--ckpt_path {path} does not load ({problem}); {what}: remove it and resume from an earlier "
                 "checkpoint of the run (or start over)"
             )
 

@@ -95,7 +95,7 @@ def test_study_analyze_refuses_a_binary_text(tmp_path):
 def test_a_damaged_checkpoint_to_resume_from_is_named(text_files, tmp_path, capsys):
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(b"PK\x03\x04 cut short")
-    assert main([*fit_args(text_files, tmp_path), f"--ckpt_path={bad}"]) == 1
+    assert main([*fit_args(text_files, tmp_path), f"--ckpt_path={bad}"]) == 2  # bad input
     (line,) = error_lines(capsys)
     assert line.startswith(f"study fit: --ckpt_path {bad} does not load (RuntimeError: PytorchStreamReader")
     assert "remove it" in line and not (tmp_path / "logs").exists()

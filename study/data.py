@@ -270,6 +270,16 @@ class TextDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> TRAIN_DATALOADERS:
+        # Batches are whole (drop_last): data shorter than one batch a process would train no step at all and
+        # still end as if it had finished. That is an error, named here.
+        ranks = getattr(self.trainer, "world_size", 1) if self.trainer is not None else 1
+        blocks, batch = len(self.train_data), self.hparams.batch_size
+        if blocks // max(ranks, 1) < batch:
+            raise ValueError(
+                f"the training data gives no batch: {blocks} block(s) of block_size={self.hparams.block_size} "
+                f"tokens" + (f" over {ranks} processes" if ranks > 1 else "") + f", fewer than batch_size={batch} "
+                "a process; give more text or a smaller block_size / batch_size"
+            )
         return self._loader(self.train_data, shuffle=True)
 
     @override

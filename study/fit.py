@@ -107,7 +107,24 @@ def main(argv: list[str]) -> int:
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
+    untrained = trained_nothing(cli.trainer) if argv and argv[0] == "fit" else None
+    if untrained:
+        print(f"study fit: {untrained}", file=sys.stderr)
+        return 1
     return 0
+
+
+def trained_nothing(trainer) -> str | None:
+    """Why a fit that returned trained no step (`max_steps=0`, `limit_train_batches=0`, ...); None if it trained.
+
+    Lightning ends such a fit quietly, as if it had finished; a run with no step is not a result.
+    """
+    if trainer is None or trainer.global_step > 0 or trainer.interrupted:
+        return None
+    return (
+        f"trained no step (max_steps={trainer.max_steps}, limit_train_batches={trainer.limit_train_batches}): "
+        "the run is not a result"
+    )
 
 
 def _check_ckpt_path(argv: list[str]) -> None:

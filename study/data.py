@@ -38,6 +38,7 @@ from study.corpus import (
     SHAKESPEARE_VALIDATION,
     SOURCES,
     _atomic_save,
+    _cached,
     _file_identity,
     _fingerprint,
     gpt2_tokenizer,
@@ -188,7 +189,7 @@ class TextDataModule(L.LightningDataModule):
                 raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
             return tokenizer
         target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{_fingerprint(self._identity())}"
-        if not target.exists():
+        if not _cached(target):
 
             def train(folder: Path) -> None:
                 from tokenizers import ByteLevelBPETokenizer
@@ -216,7 +217,7 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenise and pack once (rank 0); later runs and other ranks read the cache."""
         target = self._blocks_dir()
-        if target.exists():
+        if _cached(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
             return
         tokenizer, block = self.tokenizer, self.hparams.block_size
         eos = tokenizer.eos_token_id

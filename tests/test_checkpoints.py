@@ -9,7 +9,7 @@ import torch
 
 from study.checkpoints import checkpoint_problem, checkpoint_step
 from study.cli import main
-from study.sweep.runner import resume_point
+from study.sweep.run import resume_point
 from tests.test_cli import fit_args
 
 

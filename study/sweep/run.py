@@ -47,23 +47,33 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Write status.json atomically; on a full disk, overwrite the old file in place with a compact record.
 
     A full disk is one of the ways a run ends, and its status must still say so: the in-place record (no args,
-    no metrics) is shorter than the `running` status it replaces, so it needs no new disk blocks.
+    no metrics) is shorter than the `running` status it replaces, so it needs no new disk blocks. When even that
+    fails (no status file yet, or no room for the folder), the status is lost, said on stderr, and the sweep goes
+    on: one run's record must never stop the others (a run without a status is redone by the next sweep).
     """
     if not is_rank_zero():
         return
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{STATUS_FILE}.tmp"
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(status, indent=2, default=str))
         tmp.replace(run_dir / STATUS_FILE)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    except OSError as first:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
         data = json.dumps(compact, default=str).encode()
-        with open(run_dir / STATUS_FILE, "r+b") as f:  # the file exists: `running` was written at the start
-            f.write(data)
-            f.truncate(len(data))
+        try:
+            with open(run_dir / STATUS_FILE, "r+b") as f:  # in place: no new disk blocks
+                f.write(data)
+                f.truncate(len(data))
+        except OSError as second:
+            print(
+                f"study sweep: could not record {status.get('name', run_dir.name)} as {status.get('state')} "
+                f"({type(first).__name__}: {first}; in place: {type(second).__name__}: {second}); going on",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
 
 
 def done(run: Run) -> bool:
@@ -151,6 +161,8 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
 
 def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     """State and reason of a fit that returned."""
+    from study.fit import trained_nothing
+
     metrics = _numeric_metrics(cli.trainer.callback_metrics)
     out: dict[str, Any] = {"global_step": cli.trainer.global_step, "metrics": metrics}
     if guard is not None:
@@ -166,6 +178,8 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         }
     if cli.trainer.interrupted:
         return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
+    if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
+        return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():
         hf = run.dir / "hf"
         cli.model.model.save_pretrained(hf)
@@ -241,7 +255,9 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     try:
         cli = lightning_main(args, run=False, save_config_kwargs={"overwrite": True})
         guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
+        cli.trainer.fit(
+            cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None, weights_only=True
+        )  # weights_only: a checkpoint is unpickled as data only, never as code (study.checkpoints)
         status.update(_outcome(cli, guard, is_pretrain, run))
     except Exception as err:  # noqa: BLE001 - a failed run is recorded and does not stop the sweep
         status.update(state="failed", reason=f"{type(err).__name__}: {one_line(err)}")  # one line in the console

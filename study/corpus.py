@@ -12,9 +12,9 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from study.cachefolder import build_atomically, usable
 
 SOURCES = ("shakespeare", "hub", "files")
 # Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
@@ -83,17 +83,14 @@ def text_problem(path: str | Path, sniff: int = 1 << 20) -> str | None:
 
 
 def _atomic_save(save, target: Path) -> None:
-    """Write a cache entry to a temporary folder and rename it, so concurrent ranks never see half of it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        save(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first: its copy is identical
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Write a cache entry to a temporary folder, with its checksums, and rename it, so concurrent ranks never see
+    half of it (`study.cachefolder.build_atomically`)."""
+    build_atomically(save, target)
+
+
+def _cached(target: Path) -> bool:
+    """True if the cache entry ``target`` is there and sound; a damaged or half-built one is moved aside (False)."""
+    return usable(target)
 
 
 def _fingerprint(*parts: object) -> str:

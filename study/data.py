@@ -38,6 +38,7 @@ from study.corpus import (
     SHAKESPEARE_VALIDATION,
     SOURCES,
     _atomic_save,
+    _cached,
     _file_identity,
     _fingerprint,
     gpt2_tokenizer,
@@ -188,7 +189,7 @@ class TextDataModule(L.LightningDataModule):
                 raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
             return tokenizer
         target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{_fingerprint(self._identity())}"
-        if not target.exists():
+        if not _cached(target):
 
             def train(folder: Path) -> None:
                 from tokenizers import ByteLevelBPETokenizer
@@ -216,7 +217,7 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenise and pack once (rank 0); later runs and other ranks read the cache."""
         target = self._blocks_dir()
-        if target.exists():
+        if _cached(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
             return
         tokenizer, block = self.tokenizer, self.hparams.block_size
         eos = tokenizer.eos_token_id
@@ -270,6 +271,16 @@ class TextDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> TRAIN_DATALOADERS:
+        # Batches are whole (drop_last): data shorter than one batch a process would train no step at all and
+        # still end as if it had finished. That is an error, named here.
+        ranks = getattr(self.trainer, "world_size", 1) if self.trainer is not None else 1
+        blocks, batch = len(self.train_data), self.hparams.batch_size
+        if blocks // max(ranks, 1) < batch:
+            raise ValueError(
+                f"the training data gives no batch: {blocks} block(s) of block_size={self.hparams.block_size} "
+                f"tokens" + (f" over {ranks} processes" if ranks > 1 else "") + f", fewer than batch_size={batch} "
+                "a process; give more text or a smaller block_size / batch_size"
+            )
         return self._loader(self.train_data, shuffle=True)
 
     @override

@@ -18,7 +18,7 @@ from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
 from study.data import TextDataModule
-from study.errors import load_yaml, one_line
+from study.errors import ConfigError, load_yaml, one_line
 from study.model import CausalLMModule
 
 
@@ -107,7 +107,24 @@ def main(argv: list[str]) -> int:
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
+    untrained = trained_nothing(cli.trainer) if argv and argv[0] == "fit" else None
+    if untrained:
+        print(f"study fit: {untrained}", file=sys.stderr)
+        return 1
     return 0
+
+
+def trained_nothing(trainer) -> str | None:
+    """Why a fit that returned trained no step (`max_steps=0`, `limit_train_batches=0`, ...); None if it trained.
+
+    Lightning ends such a fit quietly, as if it had finished; a run with no step is not a result.
+    """
+    if trainer is None or trainer.global_step > 0 or trainer.interrupted:
+        return None
+    return (
+        f"trained no step (max_steps={trainer.max_steps}, limit_train_batches={trainer.limit_train_batches}): "
+        "the run is not a result"
+    )
 
 
 def _check_ckpt_path(argv: list[str]) -> None:
@@ -116,8 +133,9 @@ def _check_ckpt_path(argv: list[str]) -> None:
     paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
     for path in paths:
         if Path(path).is_file() and (problem := checkpoint_problem(path)):
-            raise ValueError(
-                f"--ckpt_path {path} does not load ({problem}); it is damaged: remove it and resume from an earlier "
+            what = "it is not a checkpoint to trust" if problem.startswith("UnpicklingError") else "it is damaged"
+            raise ConfigError(
+                f"--ckpt_path {path} does not load ({problem}); {what}: remove it and resume from an earlier "
                 "checkpoint of the run (or start over)"
             )
 

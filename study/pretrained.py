@@ -13,7 +13,8 @@ dequantised tensors are loaded.
 
 The cache entry is named after the source file's identity (resolved path, size, modification time) and a format
 version, so a changed source or a change of this code builds a new entry. It is written to a temporary folder and
-renamed into place: two processes that build at once both succeed, and nobody ever sees half a folder.
+renamed into place (`study.cachefolder`): two processes that build at once both succeed, and nobody ever sees half
+a folder. Its files' checksums are checked on every use: a damaged or half-built folder is rebuilt.
 Nothing here touches the hub.
 """
 
@@ -23,10 +24,10 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from study.cachefolder import build_atomically, usable
 
 # Short name -> what it is. Every place that loads a model by name accepts these (through `resolve_model`).
 EMBEDDED_MODELS: dict[str, str] = {
@@ -43,7 +44,7 @@ _GGUF_SOURCES: dict[str, tuple[str, str, str]] = {
     ),
 }
 # Bump when the way a folder is built changes: old entries are then rebuilt instead of reused.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: checksums.json
 CACHE_ENV = "STUDY_MODEL_CACHE"
 DEFAULT_CACHE = Path("logs") / "cache" / "models"
 
@@ -118,20 +119,8 @@ def materialize_gguf(source: Path, cache_dir: str | os.PathLike | None = None) -
     """The cached Hugging Face folder of gguf file ``source``, built on first use (about 20 s for 135 M)."""
     source = Path(source)
     target = cache_root(cache_dir) / f"{source.stem}-{cache_key(source)}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        save_gguf_as_folder(source, tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process renamed its (identical) copy first; `rename` onto a non-empty folder fails.
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not usable(target):  # missing, half-built or damaged (then moved aside, with the reason printed)
+        build_atomically(lambda folder: save_gguf_as_folder(source, folder), target)
     return target
 
 

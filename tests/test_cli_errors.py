@@ -95,7 +95,7 @@ def test_study_analyze_refuses_a_binary_text(tmp_path):
 def test_a_damaged_checkpoint_to_resume_from_is_named(text_files, tmp_path, capsys):
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(b"PK\x03\x04 cut short")
-    assert main([*fit_args(text_files, tmp_path), f"--ckpt_path={bad}"]) == 1
+    assert main([*fit_args(text_files, tmp_path), f"--ckpt_path={bad}"]) == 2  # bad input
     (line,) = error_lines(capsys)
     assert line.startswith(f"study fit: --ckpt_path {bad} does not load (RuntimeError: PytorchStreamReader")
     assert "remove it" in line and not (tmp_path / "logs").exists()
@@ -113,3 +113,19 @@ def test_verbose_reaches_the_sweep_and_is_taken_from_the_others(monkeypatch):
     main(["sweep", "--config", "x.yaml", "--verbose"])
     main(["report", "logs/x", "--verbose"])
     assert seen == {"sweep": ["--config", "x.yaml", "--verbose"], "report": ["logs/x"]}
+
+
+def test_data_shorter_than_one_batch_is_an_error_not_a_finished_run(text_files, tmp_path, capsys):
+    train, val = text_files
+    short = tmp_path / "short.txt"
+    short.write_text(Path(train).read_text()[:400])
+    args = fit_args([str(short), val], tmp_path, "--data.batch_size=64")
+    assert main(args) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("study fit: the training data gives no batch: ") and "fewer than batch_size=64" in line
+
+
+def test_a_fit_that_trains_no_step_exits_1(text_files, tmp_path, capsys):
+    assert main(fit_args(text_files, tmp_path, "--trainer.limit_train_batches=0")) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("study fit: trained no step (max_steps=2, limit_train_batches=0)")

@@ -126,3 +126,30 @@ def test_analyze_finds_the_auto_tokenizer_of_a_scratch_checkpoint(text_files, tm
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"data": data}))
     tok = checkpoint_tokenizer(tmp_path / "run" / "checkpoints" / "last.ckpt", {"model_name_or_path": None})
     assert tok is not None and len(tok) == 300
+
+
+def test_a_damaged_token_cache_is_rebuilt_not_read(text_files, tmp_path, capsys):
+    """Zeroed bytes in the cached arrow file gave all-zero blocks and no error; a half-written cache was read."""
+    train, val = text_files
+    kwargs = dict(train_files=[train], val_files=[val], vocab_size=300, block_size=16, cache_dir=str(tmp_path))
+    dm = TextDataModule("files", **kwargs)
+    dm.prepare_data()
+    dm.setup()
+    expected = torch.stack([row["input_ids"] for row in dm.train_data])
+    blocks = dm._blocks_dir()
+    (arrow,) = (blocks / "train").glob("*.arrow")
+    size = arrow.stat().st_size
+    with open(arrow, "r+b") as f:  # the data, not the header: what a bad disk or copy does
+        f.seek(size // 4)
+        f.write(b"\0" * (size // 2))
+    damaged = TextDataModule("files", **kwargs)
+    damaged.prepare_data()
+    assert f"cache {blocks} is damaged (train/{arrow.name} changed since it was built" in capsys.readouterr().err
+    damaged.setup()
+    assert torch.equal(torch.stack([row["input_ids"] for row in damaged.train_data]), expected)
+    # a tokenizer cache that lost a file is rebuilt the same way
+    (tokenizer,) = tmp_path.glob("tokenizer-bpe300-*")
+    (tokenizer / "tokenizer.json").unlink()
+    again = TextDataModule("files", **kwargs)
+    assert again.tokenizer.get_vocab() == dm.tokenizer.get_vocab()
+    assert f"cache {tokenizer} is damaged (tokenizer.json is missing)" in capsys.readouterr().err

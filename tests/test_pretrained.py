@@ -144,6 +144,35 @@ def test_cache_is_reused_and_keyed_by_the_source(tiny, tmp_path):
     assert cache_key(copy) != key
 
 
+def _logits(folder, ids):
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits
+
+
+@pytest.mark.parametrize("damage", ["zeroed weights", "missing config.json", "half-built"])
+def test_a_damaged_model_folder_is_rebuilt_not_used(tiny, tmp_path, damage, capsys):
+    """Zeroed bytes in the weights trained a changed model without a word; a missing config.json rebuilt the
+    folder and then failed with "[Errno 39] Directory not empty" on every try; a half-built folder was used."""
+    path, reference, _ = tiny
+    built = materialize_gguf(path, tmp_path / "cache")
+    weights = built / "model.safetensors"
+    if damage == "zeroed weights":
+        with open(weights, "r+b") as f:
+            f.seek(weights.stat().st_size // 2)
+            f.write(b"\0" * 4096)
+    elif damage == "missing config.json":
+        (built / "config.json").unlink()
+    else:  # config.json there, the weights and the checksums not
+        weights.unlink()
+        (built / "checksums.json").unlink()
+    assert materialize_gguf(path, tmp_path / "cache") == built
+    assert f"cache {built} is damaged (" in capsys.readouterr().err
+    ids = torch.randint(0, reference.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(built, ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [built.name]  # nothing left aside
+
+
 def test_two_concurrent_builds_both_succeed(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, seed=3)

@@ -107,3 +107,54 @@ def test_a_damaged_probe_json_is_named_and_the_report_goes_without_it(tmp_path, 
     (tmp_path / "probe" / "probe.json").write_text('{"results": [')
     assert load_probe(tmp_path) is None
     assert "probe.json is damaged" in capsys.readouterr().out
+
+
+def _sweep_of_fake_runs(sweep, extra=()):
+    """Finished softmax runs at 3 temperatures x 3 seeds whose gradient norm is 1/T, plus ``extra`` runs given
+    as (name, params, state, grad norm)."""
+    import json
+
+    runs = []
+    members = [
+        (f"T{t:g}_kall_softmax_s{seed}", {"temperature": t, "top_k": None, "normalizer": "softmax", "seed": seed},
+         "finished", 1.0 / t * (1 + 0.01 * seed))
+        for t in (0.1, 0.3, 1.0) for seed in (0, 1, 2)
+    ]  # fmt: skip
+    for name, params, state, grad in [*members, *extra]:
+        write_fake_run(sweep, name, params, {
+            "train/loss": [(0, 5.0), (1, 4.0)],
+            "val/ppl": [(2, 50.0)],
+            "grad_norm/total": [(0, grad), (1, grad)],
+            "grad_norm/attn_q": [(0, grad), (1, grad)],
+            "grad_norm/attn_k": [(0, grad), (1, grad)],
+            "val/attention/jacobian/mean": [(2, grad / 10)],
+        })
+        status = json.loads((sweep / name / "status.json").read_text())
+        (sweep / name / "status.json").write_text(json.dumps({**status, "state": state, "reason": "killed"}))
+        runs.append({"name": name, "params": params})
+    (sweep / "plan.json").write_text(json.dumps({"sweep": sweep.name, "runs": runs}))
+    return build_report(sweep).read_text()
+
+
+def test_unfinished_and_failed_runs_never_count_as_replicates(tmp_path):
+    """A run killed or failed part way holds a partial log: the findings, sanity checks and per-T table of a
+    sweep with such runs are those of its finished runs alone, and the others are named apart."""
+    clean = _sweep_of_fake_runs(tmp_path / "clean")
+    extra = [
+        (f"T0.1_kall_softmax_s{seed}", {"temperature": 0.1, "top_k": None, "normalizer": "softmax", "seed": seed},
+         state, 1000.0)
+        for seed, state in ((3, "running"), (4, "failed"), (5, "missing"))
+    ]  # fmt: skip
+    mixed = _sweep_of_fake_runs(tmp_path / "mixed", extra)
+
+    def section(text, start, end):
+        return text.split(start)[1].split(end)[0]
+
+    assert "grow like 1/T in training | slope 0 (no dependence on T) | log-log slope of the median |grad W_q, W_k| vs T (k = all) | -1" in clean.replace("\\|", "|")
+    for start, end in (("| claim (paper.md) |", "## Sanity"), ("## Sanity", "## Runs")):
+        assert section(mixed, start, end) == section(clean, start, end), start
+    assert mixed.split("\n")[2].startswith("12 runs: 1 failed, 9 finished, 1 missing, 1 running.")
+    assert ("Not counted: 3 run(s) that did not finish (`T0.1_kall_softmax_s3` running, `T0.1_kall_softmax_s4` "
+            "failed, `T0.1_kall_softmax_s5` missing)") in mixed
+    runs_table = section(mixed, "## Runs", "## Figures")
+    assert all(f"| T0.1_kall_softmax_s{seed} |" in runs_table for seed in range(6))

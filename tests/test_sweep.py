@@ -263,7 +263,7 @@ def test_a_bad_override_is_refused_before_any_run(tmp_path, capsys):
 def test_a_run_subprocess_gets_the_sweeps_threads():
     """`--parallel` runs are `study sweep --run-index` subprocesses: --threads must reach them (they would set
     their torch threads from the spec instead)."""
-    from study.sweep.runner import run_command
+    from study.sweep.pool import run_command
 
     cmd = run_command(Path("s.yaml"), 3, True, ["--trainer.devices=1"], "out", threads=1)
     assert cmd[cmd.index("--threads") + 1] == "1" and cmd[-1] == "--trainer.devices=1" and "--quick" in cmd
@@ -272,7 +272,7 @@ def test_a_run_subprocess_gets_the_sweeps_threads():
 
 def test_a_damaged_status_file_means_not_done(tmp_path):
     """Binary garbage or a JSON list in status.json (a full disk, a stray write) must not stop the whole sweep."""
-    from study.sweep.runner import read_status
+    from study.sweep.run import read_status
 
     (tmp_path / "status.json").write_bytes(b"\xff\xfe\x00garbage")
     assert read_status(tmp_path) is None

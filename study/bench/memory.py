@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import lightning as L
 import torch
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
 
 from study.bench.shapes import Settings, Shape, Variant
 from study.bench.timing import _loader, _module, _monitors, _sync, _trainer
@@ -29,8 +34,12 @@ def measure_memory(shape: Shape, variant: Variant, settings: Settings, classes: 
     device = settings.device
     result: dict = {}
 
-    class Probe(Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    class PeakMemoryStart(Callback):
+        """Opens the measured step: resets the peak (GPU) or starts the memory profiler (CPU)."""
+
+        @override
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                 batch_idx: int) -> None:
             if trainer.global_step != 2:
                 return
             _sync(device)
@@ -42,28 +51,32 @@ def measure_memory(shape: Shape, variant: Variant, settings: Settings, classes: 
                 self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
                 self.prof.__enter__()
 
-    class ProbeEnd(Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    class PeakMemoryEnd(Callback):
+        """Closes the measured step and records its peak bytes."""
+
+        @override
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT,
+                               batch: Any, batch_idx: int) -> None:
             if trainer.global_step != 3:  # incremented by the optimizer step
                 return
             _sync(device)
             if device.startswith("cuda"):
                 result.update(peak_bytes=torch.cuda.max_memory_allocated(), method="torch.cuda.max_memory_allocated")
                 return
-            probe.prof.__exit__(None, None, None)
-            events = [e for e in probe.prof.profiler.kineto_results.events()
+            start.prof.__exit__(None, None, None)
+            events = [e for e in start.prof.profiler.kineto_results.events()
                       if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
             live = peak = 0
             for e in sorted(events, key=lambda e: e.start_ns()):
                 live += e.nbytes()
                 peak = max(peak, live)
-            result.update(step_peak_bytes=peak, resident_bytes=probe.resident, peak_bytes=probe.resident + peak,
+            result.update(step_peak_bytes=peak, resident_bytes=start.resident, peak_bytes=start.resident + peak,
                           method="torch.profiler memory events: resident (params, buffers, AdamW state) + step peak")
 
-    probe = Probe()
+    start = PeakMemoryStart()
     module = _module(shape, variant)
     every = None if variant.monitor_every is None else 1  # tap on the profiled step
-    trainer = _trainer(settings, 3, [probe, *_monitors(classes, every), ProbeEnd()], log_dir)
+    trainer = _trainer(settings, 3, [start, *_monitors(classes, every), PeakMemoryEnd()], log_dir)
     trainer.fit(module, train_dataloaders=_loader(shape, 3))
     return result
 

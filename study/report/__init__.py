@@ -10,26 +10,8 @@ statistics of them, never filled in.
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
 from study.report.build import build_report
+from study.report.command import main
 from study.report.read import load_sweep
 
 __all__ = ["build_report", "load_sweep", "main"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="study report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("sweep_dir", help="a sweep folder, e.g. logs/default")
-    p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
-    args = p.parse_args(argv)
-    if not Path(args.sweep_dir).is_dir():
-        print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
-        return 2
-    path = build_report(args.sweep_dir, out_dir=args.out)
-    print(f"report: {path}")
-    return 0

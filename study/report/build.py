@@ -36,6 +36,15 @@ def load_probe(sweep_dir: Path) -> dict | None:
 
 
 PAPER_AXES = ("temperature", "top_k", "normalizer", "seed")  # what the findings group and pool runs by
+# Runs whose outcome is a result: trained to the end, or stopped by the non-finite guard (an instability is a
+# result). A run still running, killed, failed, missing or unreadable holds a partial log: it is listed apart and
+# never counts as a replicate.
+RESULT_STATES = ("finished", "diverged")
+
+
+def split_results(summaries: list[Summary]) -> tuple[list[Summary], list[Summary]]:
+    """(runs whose state is a result, the others), each in the given order."""
+    return [s for s in summaries if s.state in RESULT_STATES], [s for s in summaries if s.state not in RESULT_STATES]
 
 
 def other_axes(summaries: list[Summary]) -> list[str]:
@@ -50,11 +59,13 @@ def other_axes(summaries: list[Summary]) -> list[str]:
 
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
-    missing: list[str],
+    missing: list[str], not_counted: list[Summary] | None = None,
 ) -> str:  # fmt: skip
-    """The markdown of report.md from what `build_report` gathered (no file access)."""
+    """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
+    findings may use; ``not_counted`` the unfinished or failed ones, listed apart."""
+    not_counted = not_counted or []
     states: dict[str, int] = {}
-    for s in all_runs:
+    for s in [*all_runs, *not_counted]:
         for _ in range(1 + len(s.same_as)):
             states[s.state] = states.get(s.state, 0) + 1
     merged = sum(len(s.same_as) for s in all_runs)
@@ -69,6 +80,12 @@ def report_text(
         "",
         "## Findings",
         "",
+        *(
+            [f"Not counted: {len(not_counted)} run(s) that did not finish ("
+             + ", ".join(f"`{s.name}` {s.state}" for s in not_counted)
+             + "); their partial logs are in no finding, figure or table below but `Runs`.", ""]
+            if not_counted else []
+        ),
         *(
             [f"Caution: these runs also vary {', '.join(f'`{k}`' for k in others)}. The findings pool the runs of one "
              "temperature and top-k as replicates across those values; sweep them apart to judge each value.", ""]
@@ -96,7 +113,7 @@ def report_text(
             md.table(md.NORMALIZER_COLUMNS, md.normalizer_rows(all_runs)),
             "",
         ]
-    parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows(all_runs)), "", "## Figures", ""]
+    parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]
     if missing:
@@ -110,16 +127,19 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     plan, runs = load_sweep(sweep_dir)
-    all_runs = dedupe([summarize(r) for r in runs])
+    results, not_counted = split_results([summarize(r) for r in runs])
+    all_runs = dedupe(results)  # only results: a failed top-1 run must not stand for the finished ones
     # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
     primary = [s for s in all_runs if s.normalizer == "softmax"] or all_runs
     made = figures(primary, out) if primary else {}
     if len({s.normalizer for s in all_runs}) > 1:
         made["normalizers.png"] = normalizers(all_runs, out)
-    logged = {t for r in runs for t in r.scalars}
+    counted = {s.name for s in all_runs} | {name for s in all_runs for name in s.same_as}
+    logged = {t for r in runs if r.name in counted for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
     text = report_text(
-        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing
+        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing,
+        not_counted,
     )
     path = out / "report.md"
     path.write_text(text)

@@ -1,4 +1,8 @@
-"""Running a sweep's plan: skip finished runs, resume interrupted ones, record failures, report progress."""
+"""One run of a sweep: its status file, its resume point, its fit (`execute_run`) and `--run-index` (`run_one`).
+
+Every way a run ends is written to its status.json; a rerun skips finished and diverged runs and resumes the
+others from their last readable checkpoint. The pool of runs is `study.sweep.pool`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import gc
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -20,8 +22,8 @@ from typing import Any
 from study import tags
 from study.checkpoints import checkpoint_step
 from study.errors import one_line
-from study.progress import format_seconds
 from study.report.read import dotted_get, read_json
+from study.sweep.lock import RunBusy, RunLock
 from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
@@ -45,26 +47,46 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Write status.json atomically; on a full disk, overwrite the old file in place with a compact record.
 
     A full disk is one of the ways a run ends, and its status must still say so: the in-place record (no args,
-    no metrics) is shorter than the `running` status it replaces, so it needs no new disk blocks.
+    no metrics) is shorter than the `running` status it replaces, so it needs no new disk blocks. When even that
+    fails (no status file yet, or no room for the folder), the status is lost, said on stderr, and the sweep goes
+    on: one run's record must never stop the others (a run without a status is redone by the next sweep).
     """
     if not is_rank_zero():
         return
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{STATUS_FILE}.tmp"
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(status, indent=2, default=str))
         tmp.replace(run_dir / STATUS_FILE)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    except OSError as first:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
         data = json.dumps(compact, default=str).encode()
-        with open(run_dir / STATUS_FILE, "r+b") as f:  # the file exists: `running` was written at the start
-            f.write(data)
-            f.truncate(len(data))
+        try:
+            with open(run_dir / STATUS_FILE, "r+b") as f:  # in place: no new disk blocks
+                f.write(data)
+                f.truncate(len(data))
+        except OSError as second:
+            print(
+                f"study sweep: could not record {status.get('name', run_dir.name)} as {status.get('state')} "
+                f"({type(first).__name__}: {first}; in place: {type(second).__name__}: {second}); going on",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
 
 
-def _now() -> str:
+def done(run: Run) -> bool:
+    return (read_status(run.dir) or {}).get("state") in FINAL_STATES
+
+
+def pretrain_done(plan: Plan) -> bool:
+    return plan.pretrain is None or (
+        done(plan.pretrain) and (plan.pretrain.dir / "hf" / "config.json").is_file()
+    )
+
+
+def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -128,7 +150,7 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
         "fingerprint": run.fingerprint,
         "state": "running",
         "reason": None,
-        "started": _now(),
+        "started": utc_now(),
         "attempts": int(previous.get("attempts", 0)) + 1,
         "resumed_from": str(resume) if resume else None,
         "resumed_from_step": step,
@@ -139,6 +161,8 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
 
 def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     """State and reason of a fit that returned."""
+    from study.fit import trained_nothing
+
     metrics = _numeric_metrics(cli.trainer.callback_metrics)
     out: dict[str, Any] = {"global_step": cli.trainer.global_step, "metrics": metrics}
     if guard is not None:
@@ -154,6 +178,8 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         }
     if cli.trainer.interrupted:
         return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
+    if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
+        return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():
         hf = run.dir / "hf"
         cli.model.model.save_pretrained(hf)
@@ -229,7 +255,9 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     try:
         cli = lightning_main(args, run=False, save_config_kwargs={"overwrite": True})
         guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None)
+        cli.trainer.fit(
+            cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None, weights_only=True
+        )  # weights_only: a checkpoint is unpickled as data only, never as code (study.checkpoints)
         status.update(_outcome(cli, guard, is_pretrain, run))
     except Exception as err:  # noqa: BLE001 - a failed run is recorded and does not stop the sweep
         status.update(state="failed", reason=f"{type(err).__name__}: {one_line(err)}")  # one line in the console
@@ -245,173 +273,61 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
             raise SystemExit(128 + 15 if "SIGTERM" in type(err).__name__ else 1) from err
         raise
     finally:
-        status.update(ended=_now(), duration_s=round(time.perf_counter() - start, 2))
+        status.update(ended=utc_now(), duration_s=round(time.perf_counter() - start, 2))
         write_status(run.dir, status)
         del cli
         gc.collect()
     return status
 
 
-# ---- one run, in a subprocess ---------------------------------------------------------------------------------
-def run_command(
-    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None,
-    threads: int | None = None,
-) -> list[str]:
-    """The `study sweep --run-index` command of one run, with every option of this sweep that the run needs."""
-    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path), "--run-index", str(index)]
-    if quick:
-        cmd.append("--quick")
-    if save_dir:
-        cmd += ["--save-dir", save_dir]
-    if threads:  # the child sets its torch threads from this, not from the inherited OMP_NUM_THREADS
-        cmd += ["--threads", str(threads)]
-    return cmd + list(passthrough)
-
-
-def free_port() -> int:
-    """A TCP port on the loopback that is free right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
-    run.dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    # Runs launched side by side each get their own DDP rendezvous port: left to themselves, two runs starting
-    # together can pick the same free port and one fails with EADDRINUSE.
-    env["MASTER_PORT"] = str(free_port())
-    env.update(env_extra or {})
-    log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    proc.log = log  # type: ignore[attr-defined]
-    return proc
-
-
-def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
-    proc.log.close()  # type: ignore[attr-defined]
-    status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
-    if proc.returncode != 0 and status.get("state") in (None, "running"):
-        tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
-        status.update(
-            state="failed",
-            reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
-            ended=_now(),
+# ---- one run of the plan, under its lock (`study sweep --run-index`) -----------------------------------------
+def run_one(plan: Plan, index: str) -> int:
+    if index == "pretrain":
+        if plan.pretrain is None:
+            print("study sweep: this sweep has no pretraining run", file=sys.stderr)
+            return 2
+        run, is_pretrain = plan.pretrain, True
+    else:
+        try:
+            run, is_pretrain = plan.runs[int(index)], False
+        except (ValueError, IndexError):
+            print(
+                f"study sweep: --run-index {index!r} is not in 0..{len(plan.runs) - 1} or 'pretrain'",
+                file=sys.stderr,
+            )
+            return 2
+        if not pretrain_done(plan):
+            print(
+                f"study sweep: run the pretraining first (--run-index pretrain): {plan.pretrain.dir}",
+                file=sys.stderr,
+            )
+            return 2
+    if not is_rank_zero():  # a worker of a multi-process run: rank zero holds the run's lock
+        status = execute_run(run, is_pretrain=is_pretrain)
+        return 0 if status["state"] in FINAL_STATES else 1
+    try:
+        with RunLock(run.dir) as lock:
+            say_taken_over(run, lock)
+            if done(run):
+                print(f"{run.name}: already {read_status(run.dir)['state']}, skipped", flush=True)
+                return 0
+            status = execute_run(run, is_pretrain=is_pretrain)
+    except RunBusy as held:
+        print(f"study sweep: {held}; left to it", flush=True)
+        return 0
+    if is_rank_zero():
+        print(
+            f"{run.name}: {status['state']} in {status.get('duration_s', 0):.1f}s"
+            + (f" ({status['reason']})" if status.get("reason") else ""),
+            flush=True,
         )
-        write_status(run.dir, status)
-    return status
+    return 0 if status["state"] in FINAL_STATES else 1
 
 
-# ---- progress -------------------------------------------------------------------------------------------------
-class Progress:
-    """A line per run and an overall ETA from the measured durations of the runs done in this invocation."""
-
-    def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
-        self.total, self.parallel, self.estimate_s = total, max(parallel, 1), estimate_s
-        self.done = 0
-        self.start = time.perf_counter()
-        self.durations: list[float] = []
-
-    def eta(self) -> float | None:
-        remaining = self.total - self.done
-        if self.durations:
-            return sum(self.durations) / len(self.durations) * remaining / self.parallel
-        if self.estimate_s is not None:
-            return self.estimate_s * remaining / max(self.total, 1)
-        return None
-
-    def update(self, run: Run, status: dict[str, Any], skipped: bool = False) -> str:
-        self.done += 1
-        if not skipped and status.get("duration_s") is not None:
-            self.durations.append(float(status["duration_s"]))
-        state = status.get("state", "?")
-        detail = (
-            "skipped (already " + state + ")" if skipped else f"{state} in {status.get('duration_s', 0):.1f}s"
+def say_taken_over(run: Run, lock: RunLock) -> None:
+    if lock.taken_over:
+        print(
+            f"{run.name}: taking over the lock of pid {lock.taken_over.get('pid')} on {lock.taken_over.get('host')}"
+            " (that process is gone)",
+            flush=True,
         )
-        extra = []
-        if status.get("global_step") is not None:
-            extra.append(f"step {status['global_step']}")
-        ppl = (status.get("metrics") or {}).get(tags.VAL_PPL)
-        if ppl is not None:
-            extra.append(f"{tags.VAL_PPL} {ppl:.4g}")
-        if status.get("reason") and state != "finished":
-            extra.append(status["reason"])
-        eta = self.eta()
-        line = (
-            f"[{self.done}/{self.total}] {run.name}: {detail}"
-            + (f" ({'; '.join(extra)})" if extra else "")
-            + f" | elapsed {format_seconds(time.perf_counter() - self.start)}"
-            + (f" | ETA {format_seconds(eta)}" if eta is not None else "")
-        )
-        print(line, flush=True)
-        return line
-
-
-# ---- up-front estimate from measured first steps --------------------------------------------------------------
-def _resolved(run: Run, key: str, default: Any) -> Any:
-    return dotted_get(run.resolved, key, default)
-
-
-def probe(run: Run, steps: int = 6) -> dict[str, float]:
-    """Time `steps` optimizer steps of `run` (nothing written to its directory): setup and per-step seconds."""
-    import lightning as L
-
-    from study.fit import lightning_main
-
-    class StepTimer(L.Callback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self._t = 0.0
-
-        def on_train_batch_start(self, *a) -> None:
-            self._t = time.perf_counter()
-
-        def on_train_batch_end(self, *a) -> None:
-            self.times.append(time.perf_counter() - self._t)
-
-    args = [a for a in run.args if not a.startswith(("--trainer.logger=", "--trainer.callbacks="))]
-    args += [
-        f"--trainer.max_steps={steps}",
-        "--trainer.limit_val_batches=0",
-        "--trainer.logger=false",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.callbacks=[]",
-    ]
-    t0 = time.perf_counter()
-    cli = lightning_main(args, run=False, save_config_callback=None)
-    cli.datamodule.prepare_data()  # caches the tokenizer and blocks: a one-off cost, not a per-run one
-    t_prepared = time.perf_counter()
-    timer = StepTimer()
-    cli.trainer.callbacks.append(timer)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    t_end = time.perf_counter()
-    warm = sorted(timer.times[2:] or timer.times)
-    step_s = warm[len(warm) // 2]
-    # setup = building the CLI (without the cache) + Lightning's fit overhead around the steps
-    setup_s = (t_prepared - t0) * 0.5 + (t_end - t_prepared - sum(timer.times))
-    del cli
-    gc.collect()
-    return {"step_s": step_s, "setup_s": max(setup_s, 0.5), "prepare_s": t_prepared - t0}
-
-
-def estimate_run(run: Run, step_s: float, setup_s: float) -> float:
-    max_steps = int(_resolved(run, "trainer.max_steps", 100))
-    if max_steps < 0:
-        max_steps = 1000
-    interval = _resolved(run, "trainer.val_check_interval", max_steps)
-    checks = max_steps // interval if isinstance(interval, int) and interval > 0 else 1
-    val_batches = _resolved(run, "trainer.limit_val_batches", 10)
-    val_batches = val_batches if isinstance(val_batches, int) else 20
-    # a validation batch is a forward pass only: about a third of a training step
-    return setup_s + max_steps * step_s + (checks + 1) * val_batches * step_s / 3
-
-
-def plan_estimate(
-    plan: Plan, todo: list[Run], pretrain_todo: bool, timing: dict[str, float], parallel: int
-) -> float:
-    total = sum(estimate_run(r, timing["step_s"], timing["setup_s"]) for r in todo) / max(parallel, 1)
-    if pretrain_todo and plan.pretrain is not None:
-        total += estimate_run(plan.pretrain, timing["step_s"], timing["setup_s"])
-    return total

@@ -1,0 +1,250 @@
+"""`study sweep` command line: parse, check the plan and the options, dispatch to one run or to the pool of
+runs, then the probe and the report. The usage is the package's docstring (`study.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from study.hparams import HPARAMS_METRICS, write_experiment
+from study.progress import format_seconds
+from study.report.read import read_json
+from study.sweep.lock import busy
+from study.sweep.pool import (
+    SweepProgress,
+    needs_subprocess,
+    pretrain,
+    run_in_process,
+    run_pool,
+    wait_for_pretraining,
+)
+from study.sweep.run import FINAL_STATES, done, is_rank_zero, pretrain_done, read_status, run_console, run_one
+from study.sweep.spec import Plan, SweepSpecError, build_plan
+
+PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
+
+
+def _parser() -> argparse.ArgumentParser:
+    import study.sweep
+
+    p = argparse.ArgumentParser(
+        prog="study sweep", description=study.sweep.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", required=True, help="sweep YAML (configs/sweeps/<name>.yaml)")
+    p.add_argument(
+        "--quick", action="store_true", help="apply the spec's `quick` section (fewer runs and steps)"
+    )
+    p.add_argument(
+        "--run-index", default=None, help="run only this run of the plan (an index, or 'pretrain')"
+    )
+    p.add_argument(
+        "--parallel", type=int, default=1, help="runs at once, as subprocesses (default 1: in-process)"
+    )
+    p.add_argument(
+        "--devices-per-run",
+        type=int,
+        default=1,
+        help="GPUs pinned to each parallel run (CUDA_VISIBLE_DEVICES)",
+    )
+    p.add_argument(
+        "--save-dir", default=None, help="root folder of sweeps (default: the spec's save_dir or logs)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads per run (default: the spec's `threads`)"
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show each run's full output live (default: one line per run here, the rest in <run>/sweep.log)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="validate, print the plan and exit")
+    p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
+    p.add_argument(
+        "--no-estimate", action="store_true", help="skip timing a few steps (no up-front time estimate)"
+    )
+    return p
+
+
+def _check_stale(plan: Plan) -> None:
+    runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
+    for run in runs:
+        status = read_status(run.dir)
+        if status and status.get("fingerprint") not in (None, run.fingerprint):
+            raise SweepSpecError(
+                f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
+                "delete it or give the sweep another name"
+            )
+
+
+def _refused_args(plan: Plan, run_index: str | None) -> str | None:
+    """Parse the `study fit` arguments of every run still to do (or of the one run asked for), before any starts."""
+    from study.fit import check_fit_args
+
+    runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
+    if run_index is not None:
+        runs = [r for r in runs if str(r.index) == str(run_index)]
+    for run in runs:
+        if done(run):
+            continue
+        message = check_fit_args(run.args)
+        if message:
+            return f"run {run.name}: `study fit` refuses its arguments: {message}"
+    return None
+
+
+def _finish(plan: Plan, args, start: float) -> int:
+    """The probe, the report (unless other processes still hold runs) and the sweep's closing line; the exit code."""
+    states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
+    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
+    elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
+    if elsewhere:
+        print(
+            f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}; "
+            f"{len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}): report not built "
+            f"here; the last of them builds it (or, then: study report {plan.sweep_dir})",
+            flush=True,
+        )
+        return 0
+    probe_ok = _run_probe(plan, quiet=not args.verbose)
+    report = None
+    if plan.report and not args.no_report:
+        from study.report import build_report
+
+        report = build_report(plan.sweep_dir)
+    print(
+        f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
+        + (f"; report: {report}" if report else ""),
+        flush=True,
+    )
+    return 0 if all(s in FINAL_STATES for s in states) and probe_ok else 1
+
+
+def _checked_plan(args, rest: list[str]) -> Plan | int:
+    """The plan, with the spec, every run's `study fit` arguments and the options checked; else an exit code."""
+    bad = [a for a in rest if not a.startswith(PASSTHROUGH_PREFIXES)]
+    if bad:
+        print(
+            f"study sweep: unknown argument(s) {bad}; only --trainer.*, --model.*, --data.* pass through to runs",
+            file=sys.stderr,
+        )
+        return 2
+    passthrough = list(rest)
+    try:
+        plan = build_plan(args.config, quick=args.quick, passthrough=passthrough, save_dir=args.save_dir)
+        _check_stale(plan)
+    except SweepSpecError as err:
+        print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
+        return 2
+    for note in plan.notes:
+        if is_rank_zero():
+            print(f"study sweep: {note}", file=sys.stderr, flush=True)
+    if args.parallel < 1 or args.devices_per_run < 1:
+        print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
+        return 2
+    if args.devices_per_run > 1 and args.parallel == 1:
+        print("study sweep: --devices-per-run pins the GPUs of --parallel runs; with one run at a time use "
+              "--trainer.devices=N", file=sys.stderr)
+        return 2
+    refused = _refused_args(plan, args.run_index)
+    if refused:
+        print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
+        return 2
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(argv)
+    plan = _checked_plan(args, rest)
+    if isinstance(plan, int):
+        return plan
+    passthrough = list(rest)
+    threads = args.threads or plan.threads
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
+    if args.run_index is not None:
+        return run_one(plan, args.run_index)
+
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
+    tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
+    tmp.replace(plan.sweep_dir / "plan.json")
+    write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
+    if args.dry_run:
+        for run in plan.runs:
+            print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
+        print(f"{len(plan.runs)} runs; plan written to {plan.sweep_dir / 'plan.json'}")
+        return 0
+
+    todo = [r for r in plan.runs if not done(r)]
+    pretrain_todo = not pretrain_done(plan)
+    subprocess_mode = args.parallel > 1 or needs_subprocess(plan)
+    print(
+        f"study sweep {plan.name}: {len(plan.runs)} runs ({len(plan.runs) - len(todo)} already done)"
+        + (", pretraining first" if pretrain_todo else (", pretrained model cached" if plan.pretrain else ""))
+        + f" -> {plan.sweep_dir}"
+        + (f"; {args.parallel} at a time" if args.parallel > 1 else ""),
+        flush=True,
+    )
+    estimate = None
+    if (todo or pretrain_todo) and not args.no_estimate:
+        from study.sweep.estimate import estimate_time
+
+        estimate = estimate_time(plan, todo, pretrain_todo, args.parallel, quiet=not args.verbose)
+    start = time.perf_counter()
+    if plan.pretrain is not None:
+        wait_for_pretraining(plan)
+        pretrain_todo = not pretrain_done(plan)
+    if pretrain_todo:
+        status = pretrain(plan, args, passthrough, subprocess_mode)
+        print(
+            f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)} ({plan.pretrain.dir})"
+            + (f": {status['reason']}" if status.get("reason") else ""),
+            flush=True,
+        )
+        if status["state"] != "finished":
+            print("study sweep: pretraining did not finish; the fine-tuning runs need it", file=sys.stderr)
+            return 1
+    remaining_estimate = None
+    if estimate is not None and todo:
+        remaining_estimate = max(estimate - (time.perf_counter() - start), 0.0) * len(plan.runs) / len(todo)
+    progress = SweepProgress(len(plan.runs), args.parallel, remaining_estimate)
+    for run in plan.runs:
+        if run not in todo:
+            progress.update(run, read_status(run.dir) or {}, skipped=True)
+    if subprocess_mode:
+        run_pool(plan, todo, args, passthrough, progress)
+    else:
+        run_in_process(todo, progress, quiet=not args.verbose)
+    return _finish(plan, args, start)
+
+
+def _run_probe(plan: Plan, quiet: bool = True) -> bool:
+    """`study probe` with the spec's `probe:` options, unless probe.json from the same arguments exists; its output
+    goes to probe/probe.log (``quiet=False``: to the console) and one line to the console."""
+    if not plan.probe:
+        return True
+    from study.probe import main as probe_main
+
+    out = plan.sweep_dir / "probe"
+    done = out / "probe.json"
+    if done.is_file() and (read_json(done, []) or {}).get("argv") == plan.probe:  # a damaged one is redone
+        print(f"probe: cached ({done})", flush=True)
+        return True
+    t0 = time.perf_counter()
+    with run_console(out / "probe.log", quiet=quiet):
+        code = probe_main(plan.probe)
+    if code != 0:
+        print(f"study sweep: the probe failed (see {out / 'probe.log'}); the report goes without it", file=sys.stderr)
+        return False
+    print(f"probe: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

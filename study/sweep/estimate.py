@@ -1,0 +1,119 @@
+"""The sweep's up-front time estimate: a few timed training steps of one run, scaled to the runs still to do."""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
+
+from study.progress import format_seconds
+from study.report.read import dotted_get
+from study.sweep.run import run_console
+from study.sweep.spec import Plan, Run
+
+
+class StepTimer(L.Callback):
+    """Seconds of each training step, from its batch's start to its end."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t = 0.0
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._t = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
+        self.times.append(time.perf_counter() - self._t)
+
+
+def _resolved(run: Run, key: str, default: Any) -> Any:
+    return dotted_get(run.resolved, key, default)
+
+
+def measure_step_time(run: Run, steps: int = 6) -> dict[str, float]:
+    """Time `steps` optimizer steps of `run` (nothing written to its directory): setup and per-step seconds."""
+    from study.fit import lightning_main
+
+    args = [a for a in run.args if not a.startswith(("--trainer.logger=", "--trainer.callbacks="))]
+    args += [
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.callbacks=[]",
+    ]
+    t0 = time.perf_counter()
+    cli = lightning_main(args, run=False, save_config_callback=None)
+    cli.datamodule.prepare_data()  # caches the tokenizer and blocks: a one-off cost, not a per-run one
+    t_prepared = time.perf_counter()
+    timer = StepTimer()
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    t_end = time.perf_counter()
+    warm = sorted(timer.times[2:] or timer.times)
+    step_s = warm[len(warm) // 2]
+    # setup = building the CLI (without the cache) + Lightning's fit overhead around the steps
+    setup_s = (t_prepared - t0) * 0.5 + (t_end - t_prepared - sum(timer.times))
+    del cli
+    gc.collect()
+    return {"step_s": step_s, "setup_s": max(setup_s, 0.5), "prepare_s": t_prepared - t0}
+
+
+def estimate_run(run: Run, step_s: float, setup_s: float) -> float:
+    max_steps = int(_resolved(run, "trainer.max_steps", 100))
+    if max_steps < 0:
+        max_steps = 1000
+    interval = _resolved(run, "trainer.val_check_interval", max_steps)
+    checks = max_steps // interval if isinstance(interval, int) and interval > 0 else 1
+    val_batches = _resolved(run, "trainer.limit_val_batches", 10)
+    val_batches = val_batches if isinstance(val_batches, int) else 20
+    # a validation batch is a forward pass only: about a third of a training step
+    return setup_s + max_steps * step_s + (checks + 1) * val_batches * step_s / 3
+
+
+def plan_estimate(
+    plan: Plan, todo: list[Run], pretrain_todo: bool, timing: dict[str, float], parallel: int
+) -> float:
+    total = sum(estimate_run(r, timing["step_s"], timing["setup_s"]) for r in todo) / max(parallel, 1)
+    if pretrain_todo and plan.pretrain is not None:
+        total += estimate_run(plan.pretrain, timing["step_s"], timing["setup_s"])
+    return total
+
+
+def estimate_time(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, quiet: bool = True) -> float | None:
+    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
+    timed_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
+    # Before pretraining, time a model of the same size from scratch (null, not the base config's model: that
+    # may be another model altogether, e.g. SmolLM2 under the small GPT-2 quick pipeline).
+    args = [
+        "--model.model_name_or_path=null" if (a.startswith("--model.model_name_or_path=") and pretrain_todo) else a
+        for a in timed_run.args
+    ]
+    timed_run = Run(
+        timed_run.index, timed_run.name, timed_run.dir, timed_run.params, args, timed_run.resolved
+    )
+    try:
+        with run_console(plan.sweep_dir / "estimate.log", quiet):
+            timing = measure_step_time(timed_run)
+    except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
+        print(f"no time estimate: timing its first steps failed ({type(err).__name__}: {err})", flush=True)
+        return None
+    seconds = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
+    print(
+        f"Estimated time: about {format_seconds(seconds)} for {len(todo)} runs"
+        + (" + pretraining" if pretrain_todo else "")
+        + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
+        f" (timed on {timed_run.name}).",
+        flush=True,
+    )
+    return seconds

@@ -1,0 +1,216 @@
+"""The runs of a sweep's plan: in this process or as a pool of subprocesses (`--parallel`), each under its run lock,
+with a progress line per run and the time left."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from study import tags
+from study.progress import format_seconds
+from study.sweep.lock import RunBusy, RunLock, busy
+from study.sweep.run import done, execute_run, read_status, run_console, say_taken_over, utc_now, write_status
+from study.sweep.spec import Plan, Run
+
+
+# ---- one run as a subprocess ---------------------------------------------------------------------------------
+def run_command(
+    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None,
+    threads: int | None = None,
+) -> list[str]:
+    """The `study sweep --run-index` command of one run, with every option of this sweep that the run needs."""
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path), "--run-index", str(index)]
+    if quick:
+        cmd.append("--quick")
+    if save_dir:
+        cmd += ["--save-dir", save_dir]
+    if threads:  # the child sets its torch threads from this, not from the inherited OMP_NUM_THREADS
+        cmd += ["--threads", str(threads)]
+    return cmd + list(passthrough)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    run.dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    # Runs launched side by side each get their own DDP rendezvous port: left to themselves, two runs starting
+    # together can pick the same free port and one fails with EADDRINUSE.
+    env["MASTER_PORT"] = str(free_port())
+    env.update(env_extra or {})
+    log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
+    proc.log.close()  # type: ignore[attr-defined]
+    status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
+    if proc.returncode != 0 and status.get("state") in (None, "running"):
+        tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+        status.update(
+            state="failed",
+            reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
+            ended=utc_now(),
+        )
+        write_status(run.dir, status)
+    return status
+
+
+# ---- progress -------------------------------------------------------------------------------------------------
+class SweepProgress:
+    """A line per run and an overall ETA from the measured durations of the runs done in this invocation."""
+
+    def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
+        self.total, self.parallel, self.estimate_s = total, max(parallel, 1), estimate_s
+        self.done = 0
+        self.start = time.perf_counter()
+        self.durations: list[float] = []
+
+    def eta(self) -> float | None:
+        remaining = self.total - self.done
+        if self.durations:
+            return sum(self.durations) / len(self.durations) * remaining / self.parallel
+        if self.estimate_s is not None:
+            return self.estimate_s * remaining / max(self.total, 1)
+        return None
+
+    def update(self, run: Run, status: dict[str, Any], skipped: bool = False) -> str:
+        self.done += 1
+        if not skipped and status.get("duration_s") is not None:
+            self.durations.append(float(status["duration_s"]))
+        state = status.get("state", "?")
+        detail = (
+            "skipped (already " + state + ")" if skipped else f"{state} in {status.get('duration_s', 0):.1f}s"
+        )
+        extra = []
+        if status.get("global_step") is not None:
+            extra.append(f"step {status['global_step']}")
+        ppl = (status.get("metrics") or {}).get(tags.VAL_PPL)
+        if ppl is not None:
+            extra.append(f"{tags.VAL_PPL} {ppl:.4g}")
+        if status.get("reason") and state != "finished":
+            extra.append(status["reason"])
+        eta = self.eta()
+        line = (
+            f"[{self.done}/{self.total}] {run.name}: {detail}"
+            + (f" ({'; '.join(extra)})" if extra else "")
+            + f" | elapsed {format_seconds(time.perf_counter() - self.start)}"
+            + (f" | ETA {format_seconds(eta)}" if eta is not None else "")
+        )
+        print(line, flush=True)
+        return line
+
+
+
+# ---- the pool ------------------------------------------------------------------------------------------------
+def needs_subprocess(plan: Plan) -> bool:
+    """DDP inside the sweep process would relaunch the whole sweep per rank: run each such run as a subprocess."""
+    trainer = plan.runs[0].resolved.get("trainer") or {}
+    devices, strategy = str(trainer.get("devices", "auto")), str(trainer.get("strategy", "auto"))
+    if "ddp" in strategy or devices.strip('"') not in ("1", "auto", "[0]"):
+        return True
+    if devices.strip('"') == "auto":
+        import torch
+
+        return torch.cuda.device_count() > 1
+    return False
+
+
+def _gpu_groups(parallel: int, per_run: int) -> list[str | None]:
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        return [None] * parallel
+    groups = [",".join(str(g * per_run + i) for i in range(per_run)) for g in range(count // per_run)]
+    if len(groups) < parallel:
+        print(
+            f"study sweep: only {count} GPUs for {parallel} x {per_run}; running {len(groups)} at once",
+            flush=True,
+        )
+    return groups[:parallel] or [None]
+
+
+def _left_to_others(run: Run, held: RunBusy, progress: SweepProgress) -> None:
+    progress.update(run, {"state": "running elsewhere", "reason": str(held)}, skipped=True)
+
+
+def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True) -> None:
+    """Train each run this process can lock; runs other processes hold are left to them. ``quiet``: each run's
+    output goes to ``<run>/sweep.log`` and the console keeps the progress line."""
+    for run in todo:
+        try:
+            with RunLock(run.dir) as lock:
+                say_taken_over(run, lock)
+                if done(run):  # finished by another process since the plan was read
+                    progress.update(run, read_status(run.dir) or {}, skipped=True)
+                    continue
+                with run_console(run.dir / "sweep.log", quiet):
+                    status = execute_run(run)
+                progress.update(run, status)
+        except RunBusy as held:
+            _left_to_others(run, held, progress)
+
+
+def run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress: SweepProgress) -> None:
+    """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time."""
+    slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
+    pending, active = list(todo), {}
+    while pending or active:
+        for slot, gpus in enumerate(slots):
+            if slot not in active and pending:
+                run = pending.pop(0)
+                held = busy(run.dir)
+                if held is not None:
+                    _left_to_others(run, held, progress)
+                    continue
+                env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
+                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
+                active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
+        time.sleep(0.2)
+        for slot in list(active):
+            run, proc, started = active[slot]
+            if proc.poll() is not None:
+                del active[slot]
+                status = finish_subprocess(proc, run)
+                status.setdefault("duration_s", round(time.perf_counter() - started, 2))
+                progress.update(run, status)
+
+
+def wait_for_pretraining(plan: Plan) -> None:
+    """Another process pretraining the shared model: wait for it (every run of the sweep needs its result)."""
+    held = busy(plan.pretrain.dir)
+    if held is not None:
+        print(f"study sweep: waiting for the pretraining: {held}", flush=True)
+    while held is not None:
+        time.sleep(5)
+        held = busy(plan.pretrain.dir)
+
+
+def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
+    """Train the shared base run (its output in pretrain/sweep.log); its status."""
+    if subprocess_mode:
+        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads)
+        proc = launch_subprocess(cmd, plan.pretrain)
+        proc.wait()
+        return finish_subprocess(proc, plan.pretrain)
+    try:
+        with RunLock(plan.pretrain.dir) as lock:
+            say_taken_over(plan.pretrain, lock)
+            with run_console(plan.pretrain.dir / "sweep.log", not getattr(args, "verbose", False)):
+                return execute_run(plan.pretrain, is_pretrain=True)
+    except RunBusy:  # another process started it between our check and now
+        wait_for_pretraining(plan)
+        return read_status(plan.pretrain.dir) or {"state": "missing"}

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from study.sweep import build_plan
+from study.sweep import SweepSpecError, build_plan
 from tests.test_sweep import env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,65 @@ def test_quick_is_the_small_gpt2_pipeline():
     assert pretrain["model"]["trainable"] == "all"  # a model from scratch trains everything
     assert all("--model.trainable=all" in r.args and "--model.n_layer=2" in r.args for r in quick.runs)
     assert all(f"--model.model_name_or_path={quick.pretrain.dir / 'hf'}" in r.args for r in quick.runs)
+    maps = next(cb for cb in pretrain["trainer"]["callbacks"] if cb["class_path"].endswith("AttentionMapMonitor"))
+    assert maps["init_args"]["layers"] == [0, 1]  # the callback override reaches `study fit`
+
+
+def _layer_indices(node, path=""):
+    """Every (dotted path, index) of a `layers` list anywhere in a resolved config (callbacks' init_args included)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "layers" and isinstance(value, list):
+                yield from ((f"{path}{key}", index) for index in value)
+            else:
+                yield from _layer_indices(value, f"{path}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            name = value.get("class_path", str(i)).rsplit(".", 1)[-1] if isinstance(value, dict) else str(i)
+            yield from _layer_indices(value, f"{path}{name}.")
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in (ROOT / "configs" / "sweeps").glob("*.yaml")
+                                        if "quick" in yaml.safe_load(p.read_text())))
+def test_quick_layer_indices_exist_in_the_quick_model(spec):
+    """Every layer index of every quick run (pretraining included) names a layer of the model that run trains: the
+    quick pipeline shrinks the model, so each layer-indexed option of the base config must shrink with it."""
+    quick = build_plan(ROOT / "configs" / "sweeps" / spec, quick=True)
+    runs = [quick.pretrain, *quick.runs] if quick.pretrain else quick.runs
+    found = 0
+    for run in runs:
+        model = run.resolved["model"]
+        if quick.pretrain and run is not quick.pretrain:
+            assert model["model_name_or_path"] == str(quick.pretrain.dir / "hf")
+            n_layer = quick.pretrain.resolved["model"]["n_layer"]
+            assert model.get("n_layer", n_layer) == n_layer  # the timing probe builds the same model
+        else:
+            assert model.get("model_name_or_path") is None, "a quick run on a hub model: count its layers here"
+            n_layer = model["n_layer"]
+        for where, index in _layer_indices(run.resolved):
+            found += 1
+            assert 0 <= index < n_layer, f"{run.name}: {where} = {index}, but the model has {n_layer} layers"
+    if spec == "default.yaml":
+        assert found >= 2 * len(runs)  # the map monitor's layers were seen in every run
+
+
+def test_callback_override_names_a_base_callback_and_its_argument(tmp_path):
+    def spec(key):
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({"base": str(ROOT / "configs" / "smollm2.yaml"), "grid": {"seed": [0]},
+                                        "overrides": {key: [0]}}))
+        return path
+
+    plan = build_plan(spec("trainer.callbacks.AttentionMapMonitor.layers"))
+    maps = [cb for cb in plan.runs[0].resolved["trainer"]["callbacks"] if cb["class_path"].endswith("MapMonitor")]
+    assert maps[0]["init_args"] == {"every_n_steps": 10, "layers": [0], "heads": [0, 1]}
+    assert not any("trainer.callbacks.AttentionMapMonitor" in arg for arg in plan.runs[0].args)
+    with pytest.raises(SweepSpecError, match="no callback 'AttentionMapMonitr'.*did you mean 'AttentionMapMonitor'"):
+        build_plan(spec("trainer.callbacks.AttentionMapMonitr.layers"))
+    with pytest.raises(SweepSpecError, match="takes no argument 'layer'.*did you mean 'layers'"):
+        build_plan(spec("trainer.callbacks.AttentionMapMonitor.layer"))
+    with pytest.raises(SweepSpecError, match="<ClassName>.<init_arg>"):
+        build_plan(spec("trainer.callbacks.AttentionMapMonitor"))
 
 
 def test_fuller_smollm2_sweep_parses():

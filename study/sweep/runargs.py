@@ -15,6 +15,9 @@ from typing import Any
 from study import tags
 
 GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
+# `trainer.callbacks.<ClassName>.<init_arg>`: an override of one init argument of a base-config callback, found by
+# its class name (e.g. `trainer.callbacks.AttentionMapMonitor.layers: [0, 1]` for a smaller model than the base's).
+CALLBACK_PREFIX = "trainer.callbacks."
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
@@ -40,6 +43,43 @@ def passthrough_settings(passthrough: list[str]) -> dict[str, Any]:
     return settings
 
 
+def callback_override_key(key: str) -> tuple[str, str] | None:
+    """(class name, init argument) of a `trainer.callbacks.<ClassName>.<init_arg>` override, else None."""
+    if not key.startswith(CALLBACK_PREFIX):
+        return None
+    parts = key.removeprefix(CALLBACK_PREFIX).split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"{key!r}: a callback override is `trainer.callbacks.<ClassName>.<init_arg>`")
+    return parts[0], parts[1]
+
+
+def callback_class_name(callback: dict) -> str:
+    return str(callback.get("class_path", "")).rsplit(".", 1)[-1]
+
+
+def check_callback_override(callbacks: list[dict], key: str) -> None:
+    """Refuse an override naming a callback the base config does not have (or has twice), or an init argument its
+    class does not take, with the closest name; the class is imported only to read its signature."""
+    import difflib
+    import importlib
+    import inspect
+
+    name, arg = callback_override_key(key)
+    matches = [cb for cb in callbacks if callback_class_name(cb) == name]
+    if len(matches) != 1:
+        present = sorted({callback_class_name(cb) for cb in callbacks})
+        close = difflib.get_close_matches(name, present, n=1)
+        why = "several of" if matches else "no"
+        hint = f"; did you mean {close[0]!r}?" if close and not matches else ""
+        raise ValueError(f"{key!r}: the base config has {why} callback {name!r} (it has {present}){hint}")
+    module, _, cls = matches[0]["class_path"].rpartition(".")
+    params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+    if arg not in params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        close = difflib.get_close_matches(arg, list(params), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{key!r}: {name} takes no argument {arg!r} (it takes {sorted(params)}){hint}")
+
+
 def _set_dotted(config: dict, key: str, value: Any) -> None:
     node = config
     parts = key.split(".")
@@ -61,11 +101,21 @@ class RunArgs:
     extra_callbacks: list[dict] = field(default_factory=list)
     passthrough: list[str] = field(default_factory=list)
 
-    def callbacks(self, run_dir: Path) -> list[dict]:
+    def callbacks(self, run_dir: Path, overrides: dict[str, Any] | None = None) -> list[dict]:
+        """The run's callbacks: the base config's, with `overrides` (`trainer.callbacks.<ClassName>.<init_arg>`:
+        value) applied, checkpoints placed in the run folder, then the guard and the spec's extra callbacks."""
+        callbacks = copy.deepcopy((self.base_config.get("trainer") or {}).get("callbacks") or [])
+        for key, value in (overrides or {}).items():
+            name, arg = callback_override_key(key)
+            for cb in callbacks:
+                if callback_class_name(cb) == name:
+                    cb.setdefault("init_args", {})[arg] = value
+        return self._placed(run_dir, callbacks)
+
+    def _placed(self, run_dir: Path, callbacks: list[dict]) -> list[dict]:
         # Every ModelCheckpoint writes into the run folder. The one that keeps last.ckpt (for resuming) saves every
         # `checkpoint.every_n_train_steps`; it must not monitor a metric: Lightning skips a monitored checkpoint,
         # last.ckpt included, until that metric exists, so a run killed before its first validation could not resume.
-        callbacks = copy.deepcopy((self.base_config.get("trainer") or {}).get("callbacks") or [])
         if self.checkpoint.get("enabled", True) is False:
             # No checkpoint files at all (a large model's are GB each): a killed run restarts from step 0.
             callbacks = [cb for cb in callbacks if not cb.get("class_path", "").endswith("ModelCheckpoint")]
@@ -119,10 +169,14 @@ class RunArgs:
         }
         args = ["--config", str(self.base)]
         resolved = copy.deepcopy(self.base_config)
+        callback_settings = {}
         for key, value in settings.items():
+            if callback_override_key(key):  # part of --trainer.callbacks below
+                callback_settings[key] = value
+                continue
             args.append(f"--{key}={_cli_value(value)}")
             _set_dotted(resolved, key, value)
-        callbacks = self.callbacks(run_dir)
+        callbacks = self.callbacks(run_dir, callback_settings)
         args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
         # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
         args.append("--model.hparams_experiment=false")

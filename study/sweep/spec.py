@@ -23,7 +23,7 @@ from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep import axes
-from study.sweep.runargs import RunArgs, passthrough_settings
+from study.sweep.runargs import RunArgs, callback_override_key, check_callback_override, passthrough_settings
 
 TOP_KEYS = {
     "name",
@@ -155,6 +155,18 @@ def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
                 f"`{section}` key {key!r} is not a `study fit` option (expected trainer.*, model.*, data.* or seed_everything)"
             )
     return dict(overrides)
+
+
+def _check_callback_overrides(section: str, overrides: dict[str, Any], base_config: dict) -> None:
+    """`trainer.callbacks.<ClassName>.<init_arg>` keys must name one callback of the base config and an argument
+    it takes (before any run starts, with the closest name when misspelt)."""
+    callbacks = (base_config.get("trainer") or {}).get("callbacks") or []
+    for key in overrides:
+        try:
+            if callback_override_key(key):
+                check_callback_override(callbacks, key)
+        except ValueError as err:
+            raise SweepSpecError(f"`{section}`: {err}") from None
 
 
 def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
@@ -295,13 +307,17 @@ def build_plan(
     probe_spec = spec.get("probe")
     if quick:
         name, grid_in, pretrain_spec, probe_spec = _apply_quick(spec, name, overrides, grid_in, pretrain_spec)
+    _check_callback_overrides("overrides", overrides, base_config)
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
     owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     passed = passthrough_settings(list(passthrough or []))
-    owned = sorted(key for key in passed if key in {axes.axis(k).option for k in grid} | SWEEP_OWNED)
+    owned = sorted(
+        key for key in passed
+        if key in {axes.axis(k).option for k in grid} | SWEEP_OWNED or key.startswith("trainer.callbacks.")
+    )
     if owned:
         raise SweepSpecError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
                              "callbacks); change the spec instead")
@@ -314,6 +330,7 @@ def build_plan(
     if pretrain_spec is not None:
         _check_keys("pretrain", pretrain_spec, PRETRAIN_KEYS)
         p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
+        _check_callback_overrides("pretrain.overrides", p_over, base_config)
         p_dir = sweep_dir / "pretrain"
         p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)

@@ -26,11 +26,11 @@ SPECS = {
 STOCK_AT_HALF = AttentionSpec(temperature=0.5)  # explicit only with a transform (soft-capping) or a tap
 
 
-def _inputs(seed: int = 0):
+def _inputs(seed: int = 0, lq: int = LQ, lk: int = LK):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, LQ, D, generator=g, requires_grad=True)
-    k = torch.randn(B, HKV, LK, D, generator=g, requires_grad=True)
-    v = torch.randn(B, HKV, LK, D, generator=g, requires_grad=True)
+    q = torch.randn(B, H, lq, D, generator=g, requires_grad=True)
+    k = torch.randn(B, HKV, lk, D, generator=g, requires_grad=True)
+    v = torch.randn(B, HKV, lk, D, generator=g, requires_grad=True)
     return q, k, v
 
 
@@ -42,12 +42,12 @@ def _normalizer(spec: AttentionSpec):
     return normalizer
 
 
-def _row_visible(i: int, *, causal: bool, window: int | None, mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, 1, LK) visible keys of query row i, by a loop over positions (queries aligned to the end)."""
-    position = i + LK - LQ
-    out = torch.zeros(B, 1, LK, dtype=torch.bool)
+def _row_visible(i: int, lq: int, lk: int, *, causal: bool, window: int | None, mask: torch.Tensor | None):
+    """(B, 1, lk) visible keys of query row i, by a loop over positions (queries aligned to the end)."""
+    position = i + lk - lq
+    out = torch.zeros(B, 1, lk, dtype=torch.bool)
     for b in range(B):
-        for j in range(LK):
+        for j in range(lk):
             ok = (j <= position) if causal else True
             if window is not None:
                 ok = ok and (position - j < window if causal else abs(position - j) < window)
@@ -63,20 +63,22 @@ def brute_force(q, k, v, spec, normalizer, *, causal=True, window=None, mask=Non
     groups = H // HKV
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     scaling = D ** -0.5
+    lq, lk = q.shape[-2], k.shape[-2]
     rows = []
-    for i in range(LQ):
+    for i in range(lq):
         scores = torch.einsum("bhd,bhkd->bhk", q[:, :, i], k) * scaling
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
         if bias is not None:
-            scores = scores + bias.expand(B, H, LQ, LK)[:, :, i]
+            scores = scores + bias.expand(B, H, lq, lk)[:, :, i]
         scores = (scores / spec.temperature)[:, :, None, :]  # (B, H, 1, LK): one row per normaliser call
-        visible = _row_visible(i, causal=causal, window=window, mask=mask)[:, :, None, :].expand(B, H, 1, LK)
+        visible = _row_visible(i, lq, lk, causal=causal, window=window, mask=mask)[:, :, None, :]
+        visible = visible.expand(B, H, 1, lk)
         selected = visible.clone()
         if spec.top_k is not None:
             for b in range(B):
                 for h in range(H):
-                    keys = [j for j in range(LK) if visible[b, h, 0, j]]
+                    keys = [j for j in range(lk) if visible[b, h, 0, j]]
                     keys.sort(key=lambda j: (-scores[b, h, 0, j].item(), j))  # ties: the lowest position
                     selected[b, h, 0] = False
                     selected[b, h, 0, keys[: spec.top_k]] = True
@@ -142,7 +144,7 @@ def _brute_kwargs(kwargs):
     return out
 
 
-def _blockwise(fn):
+def _blockwise(fn, lk: int = LK):
     """Run ``fn`` with the blockwise path forced at ROWS_PER_BLOCK rows a block; fail if it did not run."""
     calls = []
     original = blockwise.attend_in_blocks
@@ -153,7 +155,7 @@ def _blockwise(fn):
 
     blockwise.attend_in_blocks = spy
     try:
-        with blockwise_settings(min_scores=0, block_scores=B * H * LK * ROWS_PER_BLOCK):
+        with blockwise_settings(min_scores=0, block_scores=B * H * lk * ROWS_PER_BLOCK):
             out = fn()
     finally:
         blockwise.attend_in_blocks = original
@@ -168,9 +170,9 @@ def _values_and_grads(fn, tensors):
     return out.detach(), grads
 
 
-def _check(spec_name: str, case: str, extra: dict | None = None):
+def _check(spec_name: str, case: str, extra: dict | None = None, lq: int = LQ, lk: int = LK):
     spec = SPECS[spec_name] if spec_name in SPECS else STOCK_AT_HALF
-    q, k, v = _inputs()
+    q, k, v = _inputs(0, lq, lk)
     normalizer = _normalizer(spec)
     kwargs = {**_case_kwargs(case), **(extra or {})}
     tensors = [q, k, v, *normalizer.parameters(), *(t for t in kwargs.values()
@@ -181,7 +183,7 @@ def _check(spec_name: str, case: str, extra: dict | None = None):
 
     with blockwise_settings(min_scores=2**62):
         dense = _values_and_grads(call, tensors)
-    blocks = _blockwise(lambda: _values_and_grads(call, tensors))
+    blocks = _blockwise(lambda: _values_and_grads(call, tensors), lk)
     brute = _values_and_grads(lambda: brute_force(q, k, v, spec, normalizer, **_brute_kwargs(kwargs)), tensors)
     for name, (value, reference) in {"dense": (blocks, dense), "brute force": (blocks, brute)}.items():
         torch.testing.assert_close(value[0], reference[0], atol=1e-5, rtol=1e-5, msg=f"output vs {name}")
@@ -208,23 +210,39 @@ def test_sinks_equal_dense_and_brute_force(spec_name, case):
     _check(spec_name, case, {"sinks": sinks})
 
 
-def test_a_wrong_block_offset_is_caught():
-    """The checks above can fail: shifting each block's causal rows by one makes the blockwise path differ."""
+@pytest.mark.parametrize(("lq", "lk"), [(LK, LK), (4, LK), (LQ, LK + 6)])
+@pytest.mark.parametrize("case", ["causal", "window_causal", "window_bidirectional"])
+def test_query_and_key_lengths(lq, lk, case):
+    """Square (training), a few queries (decoding) and a long cache: the key range each block reaches is exact."""
+    _check("sparsemax_top4", case, lq=lq, lk=lk)
+    _check("self_adjust", case, lq=lq, lk=lk)
+
+
+def _shift_rows(original):
+    def shifted(q_len, kv_len, device, rows=slice(None), keys=slice(None)):
+        if rows != slice(None) and rows.start:
+            rows = slice(rows.start - 1, rows.stop - 1)
+        return original(q_len, kv_len, device, rows, keys)
+
+    return shifted
+
+
+def _one_key_short(original):
+    def short(rows, q_len, kv_len, causal, window):
+        keys = original(rows, q_len, kv_len, causal, window)
+        return keys if keys == slice(None) or keys.stop - keys.start < 2 else slice(keys.start, keys.stop - 1)
+
+    return short
+
+
+@pytest.mark.parametrize(("name", "wrong"), [("causal_allowed", _shift_rows), ("_reachable_keys", _one_key_short)])
+def test_a_wrong_block_boundary_is_caught(monkeypatch, name, wrong):
+    """The checks above can fail: each block's causal rows shifted by one, or one key short of its range."""
     from study.attention import core
 
-    original = core.causal_allowed
-
-    def shifted(q_len, kv_len, device, rows=core.ALL_ROWS):
-        if rows != core.ALL_ROWS and rows.start:
-            rows = slice(rows.start - 1, rows.stop - 1)
-        return original(q_len, kv_len, device, rows)
-
-    core.causal_allowed = shifted
-    try:
-        with pytest.raises(AssertionError):
-            _check("sparsemax", "causal")
-    finally:
-        core.causal_allowed = original
+    monkeypatch.setattr(core, name, wrong(getattr(core, name)))
+    with pytest.raises(AssertionError):
+        _check("sparsemax", "causal")
 
 
 def test_dropout_mask_is_recomputed_identically_in_the_backward():

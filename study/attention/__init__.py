@@ -6,13 +6,15 @@ Public API:
     attend                  the same computation for models that are not from transformers
     tapping, AttentionTap   let monitors observe attention rows on the steps they log
     register_normalizer     add your own row normaliser (a `Normalizer` subclass) by name
+    blockwise_settings      when the explicit path runs in blocks of query rows (long contexts), and their size
 
 Layers, bottom up: `registry` (the `Normalizer` base and the name table) <- `select` (top-k, one tie rule) <-
-`normalizers` (the built-ins) <- `spec` <- `tap` <- `core` (`attend`) <- `hf` (transformers). Importing this
-package does not import transformers: the names that need it (`apply_attention_spec`, `attention_modules`,
-`current_spec`, `IMPLEMENTATION`) load `study.attention.hf` when first read.
+`normalizers` (the built-ins) <- `spec` <- `tap` <- `blockwise` <- `core` (`attend`) <- `hf` (transformers).
+Importing this package does not import transformers: the names that need it (`apply_attention_spec`,
+`attention_modules`, `current_spec`, `IMPLEMENTATION`) load `study.attention.hf` when first read.
 """
 
+from study.attention.blockwise import BlockwiseSettings, blockwise_settings
 from study.attention.core import attend, causal_allowed
 from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
 from study.attention.registry import normalizer_class, register_normalizer
@@ -39,11 +41,13 @@ __all__ = [
     "AttentionInputs",
     "AttentionSpec",
     "AttentionTap",
+    "BlockwiseSettings",
     "Normalizer",
     "active_taps",
     "apply_attention_spec",
     "attend",
     "attention_modules",
+    "blockwise_settings",
     "causal_allowed",
     "current_spec",
     "normalizer_class",

@@ -20,7 +20,9 @@ Two paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
   ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
-  monitors use to read the weights.
+  monitors use to read the weights. When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
+  (`study.attention.blockwise`): the same rows computed a block of queries at a time, each block recomputed in
+  the backward pass, so its memory grows as O(L x block) instead of O(L^2).
 """
 
 from __future__ import annotations
@@ -29,28 +31,64 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from study.attention import tap
+from study.attention import blockwise, tap
 from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
 from study.attention.registry import normalizer_class
 from study.attention.select import top_k_indices
 from study.attention.spec import AttentionSpec
 
+ALL = slice(None)
 
-def causal_allowed(q_len: int, kv_len: int, device: torch.device) -> Tensor:
-    """Bool (q_len, kv_len) mask: query i (the last q_len positions of kv_len) sees keys 0..i+offset."""
+
+def causal_allowed(q_len: int, kv_len: int, device: torch.device, rows: slice = ALL, keys: slice = ALL) -> Tensor:
+    """Bool (q_len, kv_len) mask: query i (the last q_len positions of kv_len) sees keys 0..i+offset.
+    With ``rows`` / ``keys``, only those query rows / key columns."""
     offset = kv_len - q_len
-    rows = torch.arange(q_len, device=device)[:, None] + offset
-    return torch.arange(kv_len, device=device)[None, :] <= rows
+    positions = torch.arange(q_len, device=device)[rows, None] + offset
+    return torch.arange(kv_len, device=device)[None, keys] <= positions
 
 
-def window_allowed(q_len: int, kv_len: int, window: int, causal: bool, device: torch.device) -> Tensor:
+def window_allowed(q_len: int, kv_len: int, window: int, causal: bool, device: torch.device,
+                   rows: slice = ALL, keys: slice = ALL) -> Tensor:
     """Bool (q_len, kv_len): keys fewer than ``window`` positions from the query (queries aligned to the end).
+    With ``rows`` / ``keys``, only those query rows / key columns.
 
     Causal: the query and the window - 1 keys before it (transformers' ``kv_idx > q_idx - sliding_window``).
     Bidirectional: window - 1 keys on either side (ModernBERT passes its half-window + 1).
     """
-    distance = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len) - torch.arange(kv_len, device=device)
+    positions = torch.arange(q_len, device=device)[rows, None] + (kv_len - q_len)
+    distance = positions - torch.arange(kv_len, device=device)[keys]
     return (distance < window) if causal else (distance.abs() < window)
+
+
+def _block_of(tensor: Tensor | None, rows: slice, keys: slice) -> Tensor | None:
+    """Rows ``rows`` and key columns ``keys`` of a tensor broadcastable to (B, H, Lq, Lk) (a dimension it
+    broadcasts over stays as it is)."""
+    if tensor is None:
+        return tensor
+    if keys != ALL and tensor.dim() >= 1 and tensor.shape[-1] != 1:
+        tensor = tensor[..., keys]
+    if rows != ALL and tensor.dim() >= 2 and tensor.shape[-2] != 1:
+        tensor = tensor[..., rows, :]
+    return tensor
+
+
+def _reachable_keys(rows: slice, q_len: int, kv_len: int, causal: bool, window: int | None) -> slice:
+    """The key columns that causality and the window leave to the query rows ``rows`` (never empty): a block of
+    causal rows needs no score for the keys after its last query, nor before its first query's window."""
+    if rows == ALL:
+        return ALL
+    offset = kv_len - q_len
+    first, last = rows.start + offset, rows.stop - 1 + offset  # positions of the block's first and last query
+    start, stop = 0, kv_len
+    if causal:
+        stop = min(stop, last + 1)
+    if window is not None:
+        start = max(start, first - window + 1)
+        if not causal:
+            stop = min(stop, last + window)
+    stop = max(stop, 1)
+    return slice(min(start, stop - 1), stop)
 
 
 def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
@@ -62,16 +100,18 @@ def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     return keep, mask.masked_fill(~keep, 0.0)  # no test for an all-zero bias: it would sync with the device
 
 
-def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool, window: int | None):
+def _visible(q_len: int, kv_len: int, device, mask: Tensor | None, causal: bool, window: int | None,
+             rows: slice = ALL, keys: slice = ALL):
     """The bool mask of visible keys, broadcastable to (B, H, Lq, Lk), or None when every key is visible; and
-    whether it is exactly the square causal mask (SDPA's ``is_causal`` flag then picks its fastest kernel)."""
+    whether it is exactly the square causal mask (SDPA's ``is_causal`` flag then picks its fastest kernel).
+    With ``rows`` / ``keys``, only those query rows / key columns."""
     plain_causal = causal and q_len > 1 and q_len == kv_len and mask is None and window is None
-    visible = mask
+    visible = _block_of(mask, rows, keys)
     if causal and q_len > 1:
-        band = causal_allowed(q_len, kv_len, device)
+        band = causal_allowed(q_len, kv_len, device, rows, keys)
         visible = band if visible is None else visible & band
     if window is not None:
-        band = window_allowed(q_len, kv_len, window, causal, device)
+        band = window_allowed(q_len, kv_len, window, causal, device, rows, keys)
         visible = band if visible is None else visible & band
     return visible, plain_causal
 
@@ -138,9 +178,9 @@ def attend(
     mask, bias = _split_mask(mask)
     if logit_bias is not None:
         bias = logit_bias if bias is None else bias + logit_bias
-    visible, plain_causal = _visible(q_len, kv_len, query.device, mask, causal, sliding_window)
 
     if spec.is_stock_softmax and softcap is None and not tap.active_taps():
+        visible, plain_causal = _visible(q_len, kv_len, query.device, mask, causal, sliding_window)
         if plain_causal and bias is None and sinks is None:
             visible = None
         return _fused(query, key, value, visible, bias, sinks, plain_causal, scaling / spec.temperature,
@@ -149,32 +189,55 @@ def attend(
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    allowed = torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=query.device)
-    if visible is not None:
-        allowed = allowed & visible
     if normalizer is None:
         normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
 
-    # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices and
-    # the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite value
-    # only after that, so that a small T never overflows the mask.
-    with torch.autocast(device_type=query.device.type, enabled=False):
-        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        if bias is not None:
-            scores = scores + bias.float()
-        scores = scores / spec.temperature
-        weights = _normalize(scores, allowed, spec, normalizer, sinks)
+    def rows_output(rows: slice, first_pass: bool = True, layer: int | None = layer) -> Tensor:
+        """The output of the query rows ``rows``: their scores over the keys they can reach, weights, taps, the
+        weighted values. Keys that causality or the window hide from every row of the block are left out: their
+        weights would be exactly zero under every normaliser (the `Normalizer` contract)."""
+        keys = _reachable_keys(rows, q_len, kv_len, causal and q_len > 1, sliding_window)
+        visible, _ = _visible(q_len, kv_len, query.device, mask, causal, sliding_window, rows, keys)
+        q_rows, k_cols, v_cols = query[..., rows, :], key[..., keys, :], value[..., keys, :]
+        allowed = torch.ones(1, 1, q_rows.shape[-2], k_cols.shape[-2], dtype=torch.bool, device=query.device)
+        if visible is not None:
+            allowed = allowed & visible
+        # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices
+        # and the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite
+        # value only after that, so that a small T never overflows the mask.
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            scores = torch.matmul(q_rows.float(), k_cols.float().transpose(-1, -2)) * scaling
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            if bias is not None:
+                scores = scores + _block_of(bias, rows, keys).float()
+            scores = scores / spec.temperature
+            weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
-    if tap.active_taps():
-        applied = {"softcap": softcap, "bias": bias, "sinks": sinks, "sliding_window": sliding_window, "mask": mask}
-        inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec, normalizer,
-                                     tuple(name for name, given in applied.items() if given is not None))
-        tap.notify(layer, weights, allowed, spec, inputs)
-    if dropout > 0.0:
-        weights = F.dropout(weights, p=dropout, training=True)
-    return torch.matmul(weights.to(value.dtype), value)
+        if first_pass and tap.active_taps():
+            inputs = None
+            if rows == ALL:  # the analyses' recorders take whole calls only
+                applied = {"softcap": softcap, "bias": bias, "sinks": sinks, "sliding_window": sliding_window,
+                           "mask": mask}
+                inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec,
+                                             normalizer, tuple(name for name, given in applied.items() if given is not None))
+            if keys != ALL:  # taps see whole rows: zero weight, not allowed, on the keys left out
+                widths = (keys.start, kv_len - keys.stop)
+                weights_seen = F.pad(weights.detach(), widths)
+                allowed_seen = F.pad(allowed.expand(*weights.shape[:-1], -1), widths, value=False)
+            else:
+                weights_seen, allowed_seen = weights, allowed
+            tap.notify(layer, weights_seen, allowed_seen, spec, inputs)
+        if dropout > 0.0:
+            weights = F.dropout(weights, p=dropout, training=True)
+        return torch.matmul(weights.to(value.dtype), v_cols)
+
+    per_block = blockwise.block_rows(query.shape[0] * query.shape[1], q_len, kv_len)
+    if per_block is None or not getattr(normalizer, "row_wise", True) or not tap.takes_row_blocks():
+        return rows_output(ALL)
+    # Every block of one call reaches the taps under one layer number.
+    layer_of_call = tap.layer_number(layer) if tap.active_taps() else layer
+    return blockwise.attend_in_blocks(lambda rows, first: rows_output(rows, first, layer_of_call), q_len, per_block)
 
 
 def _normalize(scores: Tensor, allowed: Tensor, spec: AttentionSpec, normalizer: Normalizer, sinks) -> Tensor:

@@ -10,6 +10,11 @@ A tap that also defines ``observe_inputs(layer, inputs)`` receives the call's `A
 values, scaling, spec, normaliser): the paper's analyses (`study.analysis.capture_attention`) record those to
 recompute logits at other temperatures. Monitors need only ``observe``.
 
+A tap whose ``observe`` only sums over rows may set ``row_blocks = True``: `attend`'s blockwise path
+(`study.attention.blockwise`, long contexts) then hands it each block of query rows as it is computed, several
+``observe`` calls per attention call with the same layer number, and never forms the whole map. While any open
+tap lacks the flag, attention keeps the dense explicit path, so such a tap still sees each call's full map once.
+
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 """
 
@@ -97,12 +102,24 @@ def active_taps() -> tuple[AttentionTap, ...]:
     return tuple(_state.taps)
 
 
-def notify(
-    layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None
-) -> None:
+def takes_row_blocks() -> bool:
+    """Whether every open tap accepts its weights in blocks of query rows (``row_blocks = True``); a tap that
+    records a call's inputs (``observe_inputs``) takes whole calls only."""
+    return all(getattr(tap, "row_blocks", False) and not hasattr(tap, "observe_inputs") for tap in _state.taps)
+
+
+def layer_number(layer: int | None) -> int:
+    """The layer number taps see for one attention call: ``layer``, or the next number in call order."""
     if layer is None:
         layer = _state.unnamed_calls
         _state.unnamed_calls += 1
+    return layer
+
+
+def notify(
+    layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None
+) -> None:
+    layer = layer_number(layer)
     weights = weights.detach()
     for tap in _state.taps:
         if inputs is not None and hasattr(tap, "observe_inputs"):

@@ -128,7 +128,13 @@ class TapMonitor(TapWindow):
     Args:
         every_n_steps: tap and log every this many optimizer steps (step 0 included).
         validation: also measure validation and log ``val/...`` at the end of each validation epoch.
+
+    ``summarize`` sums over rows, so a monitor takes its weights in blocks of query rows (``row_blocks``): at long
+    contexts `attend`'s blockwise path hands it each block as it is computed and no full attention map exists.
+    A subclass whose statistics need a whole call at once sets ``row_blocks = False``.
     """
+
+    row_blocks = True
 
     def __init__(self, every_n_steps: int = 50, validation: bool = True) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:

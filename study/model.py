@@ -1,11 +1,11 @@
 """`CausalLMModule`: training of any Hugging Face causal LM under an `AttentionSpec` (temperature, top-k, normaliser).
 
 The model is loaded with `AutoModelForCausalLM.from_pretrained` (`model_name_or_path`: a hub name, a local folder,
-or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M), or, when
-no name is given, built from scratch as a GPT-2 of the given size. Its attention layers are switched to the spec
-with `study.attention.apply_attention_spec`, which is also why importing this module registers the attention
-implementation in every DDP worker. `GPT2Module` is the same class under its former name (configs and checkpoints
-that name it keep working).
+or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M-Instruct,
+dequantised to fp32 from its Q4_1 gguf), or, when no name is given, built from scratch as a GPT-2 of the given size.
+Its attention layers are switched to the spec with `study.attention.apply_attention_spec`, which is also why
+importing this module registers the attention implementation in every DDP worker. `GPT2Module` is the same class
+under its former name (configs and checkpoints that name it keep working).
 """
 
 from __future__ import annotations

@@ -145,7 +145,10 @@ def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
     assert F.instability_finding(runs([0, 0, 0], [0, 0, 0], state_low="diverged")).verdict == SUPPORTED
     zero = F.instability_finding(runs([0, 0, 0], [0, 0, 0]))
     assert zero.verdict == INCONCLUSIVE and "zero events" in zero.value
-    assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == NOT_SUPPORTED
+    # instability at the reference T only: 3 seeds a side cannot exclude +0.25 (Welch's t at 2 df), 6 can
+    assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == INCONCLUSIVE
+    six = [run(0.01, s, spikes=0) for s in range(6)] + [run(1.0, s, spikes=[1, 1, 0, 1, 1, 0][s]) for s in range(6)]
+    assert F.instability_finding(six).verdict == NOT_SUPPORTED
     # Zero events can refute the claim too, given enough runs: 0 of 12 bounds the low-T fraction at 0.22 < 0.25.
     calm = [run(0.01, s, spikes=0) for s in range(12)] + [run(1.0, s, spikes=0) for s in range(12)]
     finding = F.instability_finding(calm)

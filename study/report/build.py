@@ -1,7 +1,8 @@
 """`build_report`: read a sweep, summarise its runs, judge the findings, draw the figures, write report.md.
 
 The concerns live in their own modules: `read` (event files and status), `summary` (per-run numbers), `stats`
-(intervals and the verdict rule), `findings` (the claims and sanity checks), `figures`, `markdown`.
+(intervals, the multiplicity family and the verdict rules), `findings` (the claims and sanity checks), `scorecard`
+(the scorecard and report.json), `figures`, `markdown`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from pathlib import Path
 from study.report import markdown as md
 from study.report import tags
 from study.report.figures import figures, normalizers
-from study.report.findings import findings, sanity_checks
+from study.report.findings import Finding, findings, sanity_checks
 from study.report.read import load_sweep, read_json
+from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
+from study.report.stats import Family, family_level, simultaneous
 from study.report.summary import Summary, dedupe, summarize
 
 WANTED_TAGS = (
@@ -57,17 +60,30 @@ def other_axes(summaries: list[Summary]) -> list[str]:
     return sorted(key for key, seen in values.items() if len(seen) > 1)
 
 
+def run_states(all_runs: list[Summary], not_counted: list[Summary] | None = None) -> dict[str, int]:
+    """How many runs ended in each state, runs identical by construction counted as the runs they stand for."""
+    states: dict[str, int] = {}
+    for s in [*all_runs, *(not_counted or [])]:
+        for _ in range(1 + len(s.same_as)):
+            states[s.state] = states.get(s.state, 0) + 1
+    return dict(sorted(states.items()))
+
+
+def judged(summaries: list[Summary], probe: dict | None) -> tuple[list[Finding], Family]:
+    """The findings as one family, each interval at its Bonferroni level."""
+    return simultaneous(lambda: findings(summaries, probe))
+
+
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
-    missing: list[str], not_counted: list[Summary] | None = None,
+    missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
+    not_counted: list[Summary] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart."""
     not_counted = not_counted or []
-    states: dict[str, int] = {}
-    for s in [*all_runs, *not_counted]:
-        for _ in range(1 + len(s.same_as)):
-            states[s.state] = states.get(s.state, 0) + 1
+    found, family = judgement or judged(summaries, probe)
+    states = run_states(all_runs, not_counted)
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
     others = other_axes(all_runs)
@@ -77,6 +93,13 @@ def report_text(
         f"{sum(states.values())} runs: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
         + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
         + f". Source: `{source}`.",
+        "",
+        "## Scorecard",
+        "",
+        "One row per tested claim: the paper's value, ours with its interval, the verdict, and the experiment it "
+        "comes from (frozen model, probe, or training). The findings below give each one's null, statistic and rule.",
+        "",
+        scorecard_markdown(scorecard_rows(found), family_dict(family)),
         "",
         "## Findings",
         "",
@@ -91,7 +114,7 @@ def report_text(
              "temperature and top-k as replicates across those values; sweep them apart to judge each value.", ""]
             if others else []
         ),
-        md.findings_table(findings(summaries, probe)),
+        _findings_table(found, family),
         "",
         md.definitions(),
         "",
@@ -122,6 +145,11 @@ def report_text(
     return "\n".join(parts)
 
 
+def _findings_table(found: list[Finding], family: Family) -> str:
+    with family_level(family):  # the column header names the family's level
+        return md.findings_table(found)
+
+
 def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
@@ -137,10 +165,15 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     counted = {s.name for s in all_runs} | {name for s in all_runs for name in s.same_as}
     logged = {t for r in runs if r.name in counted for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
-    text = report_text(
-        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing,
-        not_counted,
-    )
+    title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
+    judgement = judged(primary, probe)
+    text = report_text(title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted)
     path = out / "report.md"
     path.write_text(text)
+    found, family = judgement
+    data = report_json(
+        title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
+        model=(probe or {}).get("model"),
+    )  # fmt: skip
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     return path

@@ -1,7 +1,8 @@
 """The findings: each of the paper's claims as a test that can fail, and the sanity checks beside them.
 
-Each finding names its null hypothesis, its statistic, a 95% bootstrap interval over replicates (seeds / runs of
-one setting, or text batches for the probe) and a three-way verdict (`study.report.stats.Rule`). Statements that
+Each finding names its null hypothesis, its statistic, a t-interval over replicates (seeds / runs of one setting,
+or text batches for the probe; `study.report.stats` says which and why) and a three-way verdict
+(`study.report.stats.Rule`). The report judges them as one family, each interval at the Bonferroni level. Statements that
 hold by mathematics (the Jacobian's exact maximum 1/(2T); the entropy of the renormalised top-k weights is
 non-decreasing in k for a fixed row) are `SanityCheck`s: they test the code, not the paper. docs/findings.md
 describes every finding and its rule.
@@ -24,9 +25,11 @@ from study.report.stats import (
     Interval,
     Rule,
     TooFew,
+    confidence,
     difference_interval,
     fmt,
     mean_interval,
+    percent,
     slope_interval,
 )
 from study.report.summary import Summary
@@ -50,6 +53,7 @@ class Finding:
     rule: str
     paper_value: str = ""  # what the paper states or measured, for the scorecard ("1/T", "N* ~ 0.06 L")
     experiment: str = ""  # where the number comes from: "frozen", "probe" or "training"
+    interval: Interval | None = None  # the interval behind `value` (None: too few replicates), for report.json
 
 
 @dataclass
@@ -77,13 +81,18 @@ def per_t(summaries: list[Summary], value: Callable[[Summary], float | None]) ->
     return dict(sorted(out.items()))
 
 
-def _judge(claim: str, null: str, statistic: str, rule: Rule, compute: Callable[[], Interval], show=str) -> Finding:
+def _judge(
+    claim: str, null: str, statistic: str, rule: Rule, compute: Callable[[], Interval], show=str, paper_value: str = "",
+    experiment: str = "",
+) -> Finding:  # fmt: skip
     """Run one interval computation; too few replicates (or nothing logged) makes the finding inconclusive."""
     try:
         interval = compute()
     except TooFew as err:
-        return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe())
-    return Finding(claim, null, statistic, show(interval), rule.verdict(interval), rule.describe())
+        return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe(), paper_value, experiment)
+    return Finding(
+        claim, null, statistic, show(interval), rule.verdict(interval), rule.describe(), paper_value, experiment, interval
+    )
 
 
 def _saturation_note(runs: list[Summary]) -> str:
@@ -110,26 +119,30 @@ def bound_findings(summaries: list[Summary]) -> list[Finding]:
                 f"fraction of sampled validation rows above {bound}, mean over runs (k = all)",
                 BOUND_RULE,
                 lambda values=values: mean_interval(values),
+                paper_value=f"every row <= {bound}",
+                experiment="training",
             )
         )
     return out
 
 
 def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str) -> Finding:
-    """A "grows like 1/T" claim: log-log slope of the per-T geometric mean against T, bootstrap over seeds."""
+    """A "grows like 1/T" claim: log-log slope of the per-T geometric mean against T, t-interval over seeds."""
     finding = _judge(
         claim,
         "slope 0 (no dependence on T)",
         statistic,
         SLOPE_RULE,
         lambda: slope_interval(per_t(runs, lambda s: s.values.get(key))),
+        paper_value="1/T (slope -1)",
+        experiment="training",
     )
     finding.value += _saturation_note(runs)
     return finding
 
 
 def probe_finding(probe: dict | None) -> Finding | None:
-    """The probe's W_q/W_k gradient norm against T on a frozen model; bootstrap over the same batches at each T."""
+    """The probe's W_q/W_k gradient norm against T on a frozen model; paired: the same batches at each T."""
     if not probe:
         return None
     levels = {float(r["temperature"]): [b["grad_attn_qk"] for b in r["batches"]] for r in probe.get("results", [])}
@@ -137,9 +150,11 @@ def probe_finding(probe: dict | None) -> Finding | None:
     finding = _judge(
         f"5. gradient sensitivity grows like 1/T (probe, {probe.get('model', '?')}, no training)",
         "slope 0 (no dependence on T)",
-        "log-log slope of |grad W_q, W_k| vs T (paired bootstrap over text batches)",
+        "log-log slope of |grad W_q, W_k| vs T (one slope per text batch, t-interval over batches)",
         SLOPE_RULE,
         lambda: slope_interval(levels, what="batches", paired=True),
+        paper_value="1/T (slope -1)",
+        experiment="probe",
     )
     if sat and sat[min(sat)] is not None:
         finding.value += f"; saturated rows at T={min(sat):g}: {fmt(sat[min(sat)], 3)}"
@@ -157,6 +172,8 @@ def dilution_finding(summaries: list[Summary]) -> Finding:
         "log-log slope of the mean max weight vs n (rows binned by n), mean over runs",
         DILUTION_RULE,
         lambda: mean_interval(values),
+        paper_value="max weight <= C/n (slope -1 at most)",
+        experiment="training",
     )
 
 
@@ -175,6 +192,8 @@ def drift_finding(summaries: list[Summary]) -> Finding:
         f"last - first H(top-{tags.SELECTION_K})/log {tags.SELECTION_K} on training steps, mean over runs (all T)",
         DRIFT_RULE,
         compute,
+        paper_value="selection tends to uniform",
+        experiment="training",
     )
 
 
@@ -198,17 +217,21 @@ def instability_finding(summaries: list[Summary]) -> Finding:
 
     def compute() -> Interval:
         if low and ref and not any(s.unstable for s in low + ref):
-            # No event to resample: bound each fraction by the exact one-sided 95% upper limit for 0 events in n
-            # runs, 1 - 0.05^(1/n) (about 3/n, "the rule of three"). Enough calm runs bound the difference below
-            # the claimed effect (not supported); a few (3 seeds: 0.63) leave it inconclusive.
-            upper_low, upper_ref = 1 - 0.05 ** (1 / len(low)), 1 - 0.05 ** (1 / len(ref))
+            # No event to resample: bound each fraction by the exact one-sided upper limit for 0 events in n
+            # runs, 1 - alpha^(1/n) (at 95%: about 3/n, "the rule of three"; alpha shrinks in a Bonferroni family).
+            # Enough calm runs bound the difference below the claimed effect (not supported); a few (3 seeds at
+            # 95%: 0.63) leave it inconclusive.
+            alpha = 1 - confidence()
+            upper_low, upper_ref = 1 - alpha ** (1 / len(low)), 1 - alpha ** (1 / len(ref))
             if upper_low < UNSTABLE_RULE.claimed:
-                return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref))
+                return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref), confidence())
             raise TooFew(f"no unstable run in either group ({len(low)} vs {len(ref)} runs): zero events; the low-T "
-                         f"fraction's 95% upper bound {fmt(upper_low)} still allows the claimed effect")
+                         f"fraction's {percent(confidence())} upper bound {fmt(upper_low)} still allows the claimed effect")
         return difference_interval([float(s.unstable) for s in low], [float(s.unstable) for s in ref])
 
-    return _judge(claim, "equal fractions", statistic, UNSTABLE_RULE, compute)
+    return _judge(
+        claim, "equal fractions", statistic, UNSTABLE_RULE, compute, paper_value="low T is unstable", experiment="training"
+    )
 
 
 def perplexity_finding(summaries: list[Summary]) -> Finding:
@@ -229,6 +252,8 @@ def perplexity_finding(summaries: list[Summary]) -> Finding:
         PPL_RULE,
         lambda: difference_interval(logs(low), logs(ref)),
         show=as_ratio,
+        paper_value="not stated (derived from claim 6)",
+        experiment="training",
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from study.report import summary as S
 from study.report import tags
 from study.report.findings import Finding, SanityCheck, k_all
-from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, fmt, mean_interval
+from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, confidence, fmt, mean_interval, percent
 from study.report.summary import Summary
 
 
@@ -22,7 +22,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def findings_table(found: list[Finding]) -> str:
     return table(
-        ["claim (paper.md)", "null", "statistic", "value [95% CI]", "verdict", "rule"],
+        ["claim (paper.md)", "null", "statistic", f"value [{percent(confidence())} CI]", "verdict", "rule"],
         [[f.claim, f.null, f.statistic, f.value, f.verdict, f.rule] for f in found],
     )
 
@@ -33,7 +33,7 @@ def sanity_table(checks: list[SanityCheck]) -> str:
 
 
 def _cell(values: list[float]) -> str:
-    """Mean with a bootstrap interval from MIN_REPLICATES runs on, the plain mean (n) below that."""
+    """Mean with its t-interval from MIN_REPLICATES runs on, the plain mean (n) below that."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return "-"
@@ -118,9 +118,13 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
 
 def definitions() -> str:
     return (
-        f"Intervals: {int(CONFIDENCE * 100)}% percentile bootstrap (scipy.stats.bootstrap, 9999 resamples, fixed seed) "
-        f"over runs (seeds) of a setting, or over text batches for the probe; fewer than {MIN_REPLICATES} replicates "
-        "per group gives no interval and an inconclusive verdict. "
+        "Intervals: Student's t over runs (seeds) of a setting or over the probe's text batches (one slope per batch), "
+        "Welch's t for a difference of two groups, and for a slope over seeds a Welch-Satterthwaite t on the contrast "
+        "of the per-T mean logs (study/report/stats.py says why). The findings are one family: each interval is at "
+        f"the Bonferroni level in the table's header (and under the scorecard), so that all cover together with probability >= "
+        f"{percent(CONFIDENCE)}; the per-temperature table's cells are descriptive {percent(CONFIDENCE)} intervals, "
+        f"outside the family. Fewer than {MIN_REPLICATES} replicates per group gives no interval and an inconclusive "
+        "verdict. "
         f"A loss spike is a logged `{tags.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the run's own step-0 loss (or non-finite); "
         "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "

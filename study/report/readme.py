@@ -1,0 +1,100 @@
+"""The README's scorecard, written from a report's JSON so that its numbers are the code's.
+
+    python scripts/readme_results.py            # docs/results/main.json -> the table between the markers in README.md
+    python scripts/readme_results.py --check    # exit 1 when README.md and the JSON differ (tests/test_report_readme.py)
+
+The main job's report.json (`make demo` writes logs/default/report/report.json) is committed as
+docs/results/main.json; this module replaces what lies between `BEGIN` and `END` in README.md with the scorecard
+rendered from it by the same code as report.md's (`study.report.scorecard.scorecard_markdown`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from study.report.scorecard import SCHEMA, scorecard_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results" / "main.json"
+README = ROOT / "README.md"
+BEGIN = "<!-- scorecard: written by scripts/readme_results.py from docs/results/main.json; do not edit by hand -->"
+END = "<!-- /scorecard -->"
+REQUIRED = ("schema", "title", "runs", "family", "scorecard")
+
+
+class ReadmeError(ValueError):
+    """A results file or README that cannot be used; the message names the file and what is wrong."""
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReadmeError(f"{path}: no such file (copy the main job's <sweep>/report/report.json there)") from None
+    except json.JSONDecodeError as err:
+        raise ReadmeError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ReadmeError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ReadmeError(f"{path}: lacks {', '.join(missing)} (is it a study report.json?)")
+    if data["schema"] != SCHEMA:
+        raise ReadmeError(f"{path}: schema={data['schema']!r}, this code writes schema {SCHEMA}; rebuild the report")
+    return data
+
+
+def render(data: dict[str, Any], source: str = "docs/results/main.json") -> str:
+    """The block between the markers: where the numbers come from, then the scorecard."""
+    runs = ", ".join(f"{n} {state}" for state, n in data["runs"].items())
+    model = f", model {data['model']}" if data.get("model") else ""
+    return "\n".join(
+        [
+            f"Sweep `{data['title']}` ({runs}{model}), from `{source}`:",
+            "",
+            scorecard_markdown(data["scorecard"], data["family"]),
+        ]
+    )
+
+
+def splice(text: str, block: str, name: str = "README.md") -> str:
+    """`text` with the lines between BEGIN and END replaced by `block`."""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if begins != 1 or ends != 1:
+        raise ReadmeError(f"{name}: needs exactly one {BEGIN!r} and one {END!r} line (found {begins} and {ends})")
+    if text.index(END) < text.index(BEGIN):
+        raise ReadmeError(f"{name}: {END!r} comes before {BEGIN!r}")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="readme_results.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--json", type=Path, default=RESULTS, help="a report.json (default: docs/results/main.json)")
+    p.add_argument("--readme", type=Path, default=README, help="the page to write (default: README.md)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page differs from the JSON")
+    args = p.parse_args(argv)
+    try:
+        data = load_results(args.json)
+        text = args.readme.read_text()
+        resolved = args.json.resolve()
+        source = resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else str(args.json)
+        new = splice(text, render(data, source), args.readme.name)
+    except (ReadmeError, OSError) as err:
+        print(f"readme_results: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(f"readme_results: {args.readme} differs from {args.json}; run scripts/readme_results.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+    print(f"readme_results: {args.readme} {'updated' if new != text else 'already up to date'} from {args.json}")
+    return 0

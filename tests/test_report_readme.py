@@ -1,0 +1,92 @@
+"""README.md's scorecard is written from a committed report.json (scripts/readme_results.py): the script fills
+the marked block, `--check` fails when the page and the JSON differ, and bad inputs are refused by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from study.report.findings import Finding
+from study.report.readme import BEGIN, END, README, RESULTS, main, render
+from study.report.scorecard import report_json
+from study.report.stats import Family, Interval
+from tests.test_sweep import ROOT
+
+PAGE = f"# Project\n\nText before.\n\n{BEGIN}\nan old table\n{END}\n\nText after.\n"
+
+
+def results(tmp_path, value="-1.02 [-1.3, -0.74]"):
+    found = [Finding("5. W_q, W_k gradients grow like 1/T", "slope 0", "slope", value, "supported", "rule",
+                     "1/T (slope -1)", "probe", Interval(-1.02, -1.3, -0.74, 8))]  # fmt: skip
+    path = tmp_path / "main.json"
+    data = report_json("default", "logs/default", {"finished": 18}, found, [], Family(10), model="SmolLM2-135M-Instruct")
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_script_writes_the_block_and_check_fails_on_a_difference(tmp_path, capsys):
+    page = tmp_path / "README.md"
+    page.write_text(PAGE)
+    path = results(tmp_path)
+    assert main(["--json", str(path), "--readme", str(page), "--check"]) == 1  # the old table
+    assert "differs" in capsys.readouterr().err
+    assert main(["--json", str(path), "--readme", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Project\n\nText before.\n\n") and text.endswith(f"{END}\n\nText after.\n")
+    block = text.split(BEGIN + "\n")[1].split("\n" + END)[0]
+    assert block == render(json.loads(path.read_text()), str(path))
+    assert "| 5. W_q, W_k gradients grow like 1/T | 1/T (slope -1) | -1.02 [-1.3, -0.74] | supported | probe |" in block
+    assert "ours [99.5% CI]" in block and "SmolLM2-135M-Instruct" in block and "18 finished" in block
+    assert main(["--json", str(path), "--readme", str(page), "--check"]) == 0
+    results(tmp_path, value="-1.05 [-1.3, -0.8]")  # a new report: the committed page no longer matches
+    assert main(["--json", str(path), "--readme", str(page), "--check"]) == 1
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"schema": 1}', "lacks title, runs, family, scorecard"),
+        ('{"schema": 99, "title": "x", "runs": {}, "family": {}, "scorecard": []}', "schema=99"),
+    ],
+)
+def test_bad_results_files_are_refused_by_name(tmp_path, capsys, content, message):
+    page, path = tmp_path / "README.md", tmp_path / "main.json"
+    page.write_text(PAGE)
+    if content is not None:
+        path.write_text(content)
+    assert main(["--json", str(path), "--readme", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert "main.json" in err and message in err
+    assert page.read_text() == PAGE
+
+
+def test_a_page_without_exactly_one_block_is_refused(tmp_path, capsys):
+    page, path = tmp_path / "README.md", results(tmp_path)
+    for text in ("# no markers\n", PAGE + PAGE, f"{END}\n{BEGIN}\n"):
+        page.write_text(text)
+        assert main(["--json", str(path), "--readme", str(page)]) == 2
+        assert "README.md" in capsys.readouterr().err and page.read_text() == text
+
+
+def test_the_script_runs_from_a_checkout(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text(PAGE)
+    cmd = [sys.executable, str(ROOT / "scripts" / "readme_results.py"), "--json", str(results(tmp_path)), "--readme", str(page)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| supported | probe |" in page.read_text()
+
+
+def test_readme_scorecard_is_the_committed_results():
+    """The front page's numbers are the main job's: README.md's block is what docs/results/main.json renders to."""
+    if not RESULTS.is_file():
+        pytest.skip("docs/results/main.json is not committed yet: run `make demo`, copy "
+                    "logs/default/report/report.json there and run `python scripts/readme_results.py`")
+    assert README.read_text().count(BEGIN) == 1
+    assert main(["--check"]) == 0, "README.md differs from docs/results/main.json: run scripts/readme_results.py"

@@ -1,0 +1,90 @@
+"""The scorecard heads report.md and report.json holds the same rows: built from each finding's paper value,
+interval, verdict and experiment, judged as one Bonferroni family."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from study.report.findings import Finding, SanityCheck
+from study.report.scorecard import SCHEMA, report_json, scorecard_markdown, scorecard_rows
+from study.report.stats import SUPPORTED, Family, Interval
+from tests.test_report import write_fake_run
+
+TEMPS = (0.01, 0.1, 1.0)
+
+
+def finding(claim="5. gradients grow like 1/T", value="-1 [-1.2, -0.8]", paper="1/T (slope -1)", experiment="probe"):
+    return Finding(claim, "slope 0", "slope", value, SUPPORTED, "rule", paper, experiment, Interval(-1.0, -1.2, -0.8, 4))
+
+
+def test_scorecard_rows_and_markdown():
+    rows = scorecard_rows([finding(), finding("6. low T | unstable", "too few: 2 runs", "", "")])
+    assert rows[0] == {"claim": "5. gradients grow like 1/T", "paper": "1/T (slope -1)", "ours": "-1 [-1.2, -0.8]",
+                       "verdict": SUPPORTED, "experiment": "probe"}  # fmt: skip
+    assert rows[1]["paper"] == "-" and rows[1]["experiment"] == "-"  # an unfilled field shows, it is not hidden
+    family = Family(2)
+    text = scorecard_markdown(rows, {"level": family.level, "describe": family.describe()})
+    lines = text.splitlines()
+    assert lines[0] == "| claim | paper | ours [97.5% CI] | verdict | experiment |"
+    assert lines[2] == "| 5. gradients grow like 1/T | 1/T (slope -1) | -1 [-1.2, -0.8] | supported | probe |"
+    assert "6. low T \\| unstable" in lines[3]  # a pipe in a claim does not break the table
+    assert "family of 2 findings" in lines[-1] and "97.5%" in lines[-1]
+    with pytest.raises(ValueError, match="row 0 .* lacks verdict"):
+        scorecard_markdown([{"claim": "x", "paper": "", "ours": "", "experiment": ""}], {"level": 0.95, "describe": ""})
+
+
+def test_report_json_holds_every_finding_with_its_interval():
+    data = report_json("s", "logs/s", {"finished": 3}, [finding()], [SanityCheck("a", "b", True)], Family(1), model="m")
+    assert data["schema"] == SCHEMA and data["model"] == "m" and data["runs"] == {"finished": 3}
+    assert data["family"]["size"] == 1 and data["family"]["level"] == pytest.approx(0.95)
+    assert data["findings"][0]["interval"] == {"estimate": -1.0, "lo": -1.2, "hi": -0.8, "n": 4, "level": 0.95}
+    assert data["findings"][0]["paper_value"] == "1/T (slope -1)" and data["scorecard"][0]["ours"] == "-1 [-1.2, -0.8]"
+    assert data["sanity_checks"] == [{"statement": "a", "value": "b", "passed": True}]
+    assert json.loads(json.dumps(data)) == data
+
+
+def fake_sweep(tmp_path):
+    """9 softmax runs (3 T x 3 seeds) whose W_q/W_k gradients grow like 1/T, and a probe.json."""
+    sweep = tmp_path / "fake"
+    runs = []
+    for i, t in enumerate(TEMPS):
+        for seed in range(3):
+            name, params = f"T{t:g}_kall_softmax_s{seed}", {"temperature": t, "top_k": None, "normalizer": "softmax", "seed": seed}
+            noise = math.exp(0.05 * ((seed + i) % 3 - 1))
+            write_fake_run(sweep, name, params, {
+                "train/loss": [(0, 5.0), (1, 4.0)], "val/ppl": [(2, 40.0 / t**0.5 * noise)],
+                "grad_norm/attn_q": [(0, noise / t), (1, noise / t)], "grad_norm/attn_k": [(0, noise / t), (1, noise / t)],
+            })  # fmt: skip
+            runs.append({"name": name, "params": params})
+    (sweep / "plan.json").write_text(json.dumps({"sweep": "fake", "runs": runs}))
+    (sweep / "probe").mkdir()
+    results = [{"temperature": t, "saturated_fraction": 0.1, "batches": [{"grad_attn_qk": (1 + 0.05 * b) / t} for b in range(4)]}
+               for t in TEMPS]  # fmt: skip
+    (sweep / "probe" / "probe.json").write_text(json.dumps({"model": "tiny-model", "results": results}))
+    return sweep
+
+
+def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path):
+    from study.report import build_report
+
+    path = build_report(fake_sweep(tmp_path))
+    text = path.read_text()
+    data = json.loads((path.parent / "report.json").read_text())
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert sections[:2] == ["## Scorecard", "## Findings"]
+    family = data["family"]
+    assert family["size"] == len(data["findings"]) == len(data["scorecard"]) and family["size"] >= 8
+    assert family["level"] == pytest.approx(1 - 0.05 / family["size"])
+    scorecard = text.split("## Scorecard")[1].split("## Findings")[0]
+    assert scorecard_markdown(data["scorecard"], family) in scorecard  # the same rows, rendered by the same code
+    assert data["model"] == "tiny-model" and data["runs"] == {"finished": 9}
+    grads = next(f for f in data["findings"] if f["claim"].startswith("5. attention-logit gradients"))
+    assert grads["experiment"] == "training" and grads["paper_value"] == "1/T (slope -1)"
+    assert grads["interval"]["level"] == pytest.approx(family["level"]) and grads["verdict"] == SUPPORTED
+    assert grads["interval"]["lo"] < -1 < grads["interval"]["hi"]
+    # the findings table's header names the family's level, not 95%
+    assert f"value [{100 * family['level']:.4g}% CI]" in text.split("## Findings")[1]
+    assert all(row["paper"] != "-" and row["experiment"] in {"training", "probe"} for row in data["scorecard"])

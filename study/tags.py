@@ -40,7 +40,7 @@ VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
 
 
-# ---- attention monitors (AttentionEntropyMonitor, SelectionUniformityMonitor, GradientNormMonitor's Jacobian) ---
+# ---- attention monitors (AttentionEntropyMonitor, SelectionUniformityMonitor, AttentionJacobianMonitor) -------
 def attention(statistic: str, layer: int | None = None, head: int | None = None) -> str:
     """``attention/{statistic}/mean`` (all layers and heads), ``.../layer_{l}`` or ``.../layer_{l}/head_{h}``."""
     if layer is None:
@@ -83,14 +83,14 @@ def attention_map(layer: int, head: int) -> str:
     return f"attention_map/layer_{layer}/head_{head}"
 
 
-# the Jacobian of the attention map, on sampled rows (GradientNormMonitor)
+# the Jacobian of the attention map, on sampled rows (AttentionJacobianMonitor)
 def jacobian(statistic: str) -> str:
-    """``attention/jacobian/{statistic}``: mean, max, frac_above_quarter_T, frac_above_sqrt2, frac_saturated,
-    bound_quarter_T, bound_half_T, or ``layer_{l}``."""
+    """``attention/jacobian/{statistic}``: mean, max, layer_{l} (spectral norms), entry_ratio_mean,
+    entry_ratio_max, frac_near_quarter_T (largest entry x 4T), frac_saturated, bound_quarter_T, bound_half_T."""
     return f"attention/jacobian/{statistic}"
 
 
-JACOBIAN_STATISTICS = ("frac_above_quarter_T", "frac_above_sqrt2", "frac_saturated")
+JACOBIAN_STATISTICS = ("entry_ratio_mean", "frac_near_quarter_T", "frac_saturated")  # fractions and ratios in [0, 1]
 
 
 # ---- gradient norms (GradientNormMonitor) -----------------------------------------------------------------------

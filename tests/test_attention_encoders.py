@@ -18,6 +18,7 @@ from study.attention import AttentionSpec, apply_attention_spec, attention_modul
 from study.callbacks import (
     AttentionEntropyMonitor,
     AttentionMapMonitor,
+    AttentionJacobianMonitor,
     GradientNormMonitor,
     NormalizerParameterMonitor,
     SelectionUniformityMonitor,
@@ -88,6 +89,7 @@ def monitors() -> list:
         AttentionEntropyMonitor(every_n_steps=1),
         SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4)),
         GradientNormMonitor(every_n_steps=1),
+        AttentionJacobianMonitor(every_n_steps=1),
         AttentionMapMonitor(every_n_steps=1),
         NormalizerParameterMonitor(every_n_steps=1),
     ]

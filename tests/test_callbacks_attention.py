@@ -194,10 +194,10 @@ def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
     Lemma 1 bins are consistent: n = 1 rows have max weight 1, and the bins cover the causal row lengths 1..16."""
     import re
 
-    from study.callbacks import GradientNormMonitor
+    from study.callbacks import AttentionJacobianMonitor, GradientNormMonitor
 
     monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, topk=(2,)),
-                GradientNormMonitor(every_n_steps=1, jacobian_rows=4)]  # fmt: skip
+                GradientNormMonitor(every_n_steps=1), AttentionJacobianMonitor(every_n_steps=1, rows=4)]  # fmt: skip
     make_trainer(tmp_path, monitors, max_steps=2, gradient_clip_val=1.0).fit(
         LlamaModule(AttentionSpec(temperature=0.5)), token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1)
     )

@@ -13,7 +13,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from study.callbacks import AttentionEntropyMonitor, GradientNormMonitor, SelectionUniformityMonitor
+from study.callbacks import (
+    AttentionEntropyMonitor,
+    AttentionJacobianMonitor,
+    GradientNormMonitor,
+    SelectionUniformityMonitor,
+)
 from tests.callback_helpers import PlainAttention, events, make_trainer, scalars
 
 
@@ -59,6 +64,7 @@ def test_two_processes_log_reduced_values_once(tmp_path):
         AttentionEntropyMonitor(every_n_steps=1),
         SelectionUniformityMonitor(every_n_steps=1),
         GradientNormMonitor(every_n_steps=1),
+        AttentionJacobianMonitor(every_n_steps=1),
     ]
     # lr = 0: the weights validation sees are the ones step 0 saw, so one reference model serves both.
     trainer = make_trainer(

@@ -1,4 +1,4 @@
-"""GradientNormMonitor: norms against torch before and after clipping, grouping, and the attention Jacobian."""
+"""GradientNormMonitor: norms against torch before and after clipping, per block, kind, and block and kind."""
 
 import math
 
@@ -6,10 +6,8 @@ import lightning as L
 import pytest
 import torch
 
-from study.attention import AttentionSpec, causal_allowed
 from study.callbacks import GradientNormMonitor
-from study.callbacks.base import TRAIN
-from tests.callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
+from tests.callback_helpers import make_trainer, scalars, token_loader
 
 
 class GradRecorder(L.Callback):
@@ -29,7 +27,7 @@ def test_total_norm_before_and_after_clipping(tmp_path, clip):
 
     module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
     recorder = GradRecorder()
-    monitor = GradientNormMonitor(every_n_steps=1, validation=False, per_parameter_every_n_steps=2)
+    monitor = GradientNormMonitor(every_n_steps=1, per_parameter_every_n_steps=2)
     make_trainer(tmp_path, [monitor, recorder], max_steps=3, gradient_clip_val=clip, limit_val_batches=0).fit(
         module, token_loader(n=6)
     )
@@ -62,59 +60,34 @@ def test_total_norm_before_and_after_clipping(tmp_path, clip):
     assert [s for s, _ in detail] == [0, 2]
 
 
-def test_jacobian_equals_autograd():
-    """The logged statistic is the spectral norm of autograd's Jacobian of softmax(l / T) on the sampled rows."""
-    torch.manual_seed(0)
-    temperature, length = 0.3, 12
-    logits = torch.randn(2, 3, length, length) * 2
-    allowed = causal_allowed(length, length, torch.device("cpu"))[None, None]
-    weights = (logits / temperature).masked_fill(~allowed, -math.inf).softmax(-1)
-    monitor = GradientNormMonitor(jacobian_rows=1000)  # more than there are rows: every valid row is taken
-    monitor._open(TRAIN)
-    monitor.observe(0, weights, allowed, AttentionSpec(temperature=temperature))
-    monitor._close()
-    monitor.before_reduce(TRAIN)  # the norms of the sampled rows are computed at log time, all layers at once
-    sums = monitor._sums[TRAIN][0]
+def test_block_kind_norms_match_torch_per_layer(tmp_path):
+    """by="block_kind": each layer's W_q, W_k, W_v, W_o and MLP gradient norms, against torch on the same step."""
+    from study.model import GPT2Module
 
-    reference = []
-    for b, h, t in [(b, h, t) for b in range(2) for h in range(3) for t in range(1, length)]:
-        row = logits[b, h, t, : t + 1]
-        jac = torch.autograd.functional.jacobian(lambda x: torch.softmax(x / temperature, -1), row)
-        reference.append(torch.linalg.matrix_norm(jac, ord=2).item())
-    reference = torch.tensor(reference, dtype=torch.float64)
-    assert sums["rows"].item() == len(reference)
-    assert sums["jacobian"].item() == pytest.approx(reference.sum().item(), rel=1e-4)
-    assert sums["jacobian_max"].item() == pytest.approx(reference.max().item(), rel=1e-4)
-    assert sums["above_quarter"].item() == (reference > 1 / (4 * temperature)).sum().item()
-    assert reference.max() <= 1 / (2 * temperature) + 1e-6
+    class Grads(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+
+    module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+    recorder = Grads()
+    monitor = GradientNormMonitor(every_n_steps=1, by=("block_kind",))
+    make_trainer(tmp_path, [monitor, recorder], max_steps=1, limit_val_batches=0).fit(module, token_loader(n=2))
+    logged = scalars(tmp_path)
+    for block in (0, 1):
+        c_attn = recorder.grads[f"model.transformer.h.{block}.attn.c_attn.weight"]
+        bias = recorder.grads[f"model.transformer.h.{block}.attn.c_attn.bias"]
+        q = torch.cat([c_attn[:, :32].flatten(), bias[:32]])  # Conv1D: [q | k | v] along the output columns
+        v = torch.cat([c_attn[:, 64:].flatten(), bias[64:]])
+        mlp = torch.cat([recorder.grads[f"model.transformer.h.{block}.mlp.{m}.{leaf}"].flatten()
+                         for m in ("c_fc", "c_proj") for leaf in ("weight", "bias")])  # fmt: skip
+        for kind, reference in (("attn_q", q), ("attn_v", v), ("mlp", mlp)):
+            assert logged[f"grad_norm/block_{block}/{kind}"][0][1] == pytest.approx(reference.norm().item(), rel=1e-5)
+    assert "grad_norm/block_0" not in logged and "grad_norm/attn_q" not in logged  # only the grouping asked for
 
 
-def test_jacobian_tags_on_llama_and_plain(tmp_path):
-    """Jacobian tags beside 1/(4T) and 1/(2T), on a Llama and on a plain `attend` model, train and validation."""
-    temperature = 0.5
-    for name, module in (
-        ("llama", LlamaModule(AttentionSpec(temperature=temperature))),
-        ("plain", PlainAttention(AttentionSpec(temperature=temperature))),
-    ):
-        make_trainer(tmp_path / name, [GradientNormMonitor(every_n_steps=2)], max_steps=2).fit(
-            module, token_loader(), token_loader(seed=1)
-        )
-        logged = scalars(tmp_path / name)
-        for prefix, step in (("", 0), ("val/", 2)):
-            assert logged[f"{prefix}attention/jacobian/bound_quarter_T"] == [
-                (step, pytest.approx(1 / (4 * temperature)))
-            ]
-            assert logged[f"{prefix}attention/jacobian/bound_half_T"] == [
-                (step, pytest.approx(1 / (2 * temperature)))
-            ]
-            for layer in (0, 1):
-                value = logged[f"{prefix}attention/jacobian/layer_{layer}"][0][1]
-                assert 0 < value <= 1 / (2 * temperature) + 1e-6
-            assert logged[f"{prefix}attention/jacobian/max"][0][1] <= 1 / (2 * temperature) + 1e-6
-        assert [s for s, _ in logged["grad_norm/total"]] == [0]  # every_n_steps=2 over steps 0, 1
-        assert "val/grad_norm/total" not in logged
-        kinds = {t.split("/")[1] for t in logged if t.startswith("grad_norm/")}
-        assert {"attn_q", "attn_k", "attn_v", "attn_out"} <= kinds
+def test_bad_grouping_is_refused_before_training():
+    with pytest.raises(ValueError, match="blocks"):
+        GradientNormMonitor(by=("blocks",))
 
 
 class NaNGradient(L.LightningModule):
@@ -133,7 +106,7 @@ class NaNGradient(L.LightningModule):
 
 def test_nonfinite_gradient_elements_are_counted(tmp_path):
     loader = torch.utils.data.DataLoader([{"x": torch.ones(4)}] * 2, batch_size=2)
-    trainer = make_trainer(tmp_path, [GradientNormMonitor(every_n_steps=1, jacobian_rows=0)], max_steps=1,
+    trainer = make_trainer(tmp_path, [GradientNormMonitor(every_n_steps=1)], max_steps=1,
                            limit_val_batches=0)
     trainer.fit(NaNGradient(), train_dataloaders=loader)
     logged = scalars(tmp_path)

@@ -34,7 +34,7 @@ CLASSES = _callback_classes()
 def test_every_callback_of_the_package_is_found():
     names = {c.__name__ for c in CLASSES}
     assert {"TapMonitor", "AttentionEntropyMonitor", "GradientNormMonitor", "AttentionMapMonitor", "NonFiniteGuard",
-            "NormalizerParameterMonitor", "TensorBoardLayout"} <= names  # fmt: skip
+            "NormalizerParameterMonitor", "AttentionJacobianMonitor", "TensorBoardLayout"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

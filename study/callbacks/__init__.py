@@ -3,7 +3,8 @@
 Public API:
     AttentionEntropyMonitor     row entropy and normalised entropy per layer, histogram over heads
     SelectionUniformityMonitor  KL/TV to uniform, max weight, effective support, top-k mass and uniformity
-    GradientNormMonitor         gradient norms before/after clipping, per block and kind; attention Jacobian
+    GradientNormMonitor         gradient norms before/after clipping, per block, per kind, per block and kind
+    AttentionJacobianMonitor    softmax Jacobian of sampled rows: spectral norm, largest entry x 4T, saturated rows
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
     NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf
     NormalizerParameterMonitor  learnable normaliser parameters (SSMax s, entmax alpha) per layer
@@ -28,6 +29,7 @@ Example::
 from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.gradients import GradientNormMonitor
+from study.callbacks.jacobian import AttentionJacobianMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
 from study.callbacks.maps import AttentionMapMonitor, draw_attention_map
 from study.callbacks.nonfinite import NonFiniteGuard
@@ -35,6 +37,7 @@ from study.callbacks.normalizer import NormalizerParameterMonitor, normalizer_pa
 
 __all__ = [
     "AttentionEntropyMonitor",
+    "AttentionJacobianMonitor",
     "AttentionMapMonitor",
     "GradientNormMonitor",
     "NonFiniteGuard",

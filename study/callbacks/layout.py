@@ -38,11 +38,11 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
         },
         "gradients": {
             "gradient norm before / after clipping": ["Multiline", _exact(tags.GRAD_NORM, tags.GRAD_NORM_CLIPPED)],
-            "attention Jacobian vs 1/(4T) and 1/(2T)": [
+            "attention Jacobian (spectral norm) vs 1/(4T) and 1/(2T)": [
                 "Multiline",
                 _exact(*(tags.jacobian(s) for s in ("mean", "max", "bound_quarter_T", "bound_half_T"))),
             ],
-            "attention Jacobian: rows above the bound, saturated rows": [
+            "attention Jacobian: largest entry x 4T, rows near 1/(4T), saturated rows": [
                 "Multiline",
                 _exact(*(tags.jacobian(s) for s in tags.JACOBIAN_STATISTICS)),
             ],

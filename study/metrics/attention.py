@@ -227,6 +227,24 @@ def softmax_jacobian_norm(weights: Tensor, temperature: float, iterations: int =
     return torch.where(tied, top2[..., 0], 0.5 * (lo + hi)) / temperature
 
 
+def softmax_jacobian_max_entry(weights: Tensor, temperature: float) -> Tensor:
+    """Largest |entry| of d softmax(l / T) / d l = (1/T) (diag(a) - a a^T) for each row of `weights` (..., Lk).
+
+    The diagonal entries are a_i (1 - a_i) / T and the off-diagonal ones -a_i a_j / T, so the largest is
+    max(max_i a_i (1 - a_i), a_(1) a_(2)) / T with a_(1) >= a_(2) the two largest weights. Both terms are at most
+    1/4 (a_i + (1 - a_i) = 1 and a_(1) + a_(2) <= 1), so every entry is at most 1/(4T): the paper's Corollary 3
+    read entrywise, which holds by mathematics. How close a row comes to it is the empirical question.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    a = weights.to(torch.float64)
+    diagonal = (a * (1 - a)).amax(-1)
+    if a.shape[-1] == 1:
+        return diagonal / temperature
+    top2 = a.topk(2, dim=-1).values
+    return torch.maximum(diagonal, top2[..., 0] * top2[..., 1]) / temperature
+
+
 def sample_rows(
     weights: Tensor, allowed: Tensor, n_rows: int, generator: torch.Generator | None = None
 ) -> Tensor:

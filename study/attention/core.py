@@ -158,12 +158,14 @@ def attend(
     # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices and
     # the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite value
     # only after that, so that a small T never overflows the mask.
+    # A float64 model (the probe's reference) keeps float64 scores.
+    exact = torch.promote_types(query.dtype, torch.float32)
     with torch.autocast(device_type=query.device.type, enabled=False):
-        scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling
+        scores = torch.matmul(query.to(exact), key.to(exact).transpose(-1, -2)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if bias is not None:
-            scores = scores + bias.float()
+            scores = scores + bias.to(exact)
         scores = scores / spec.temperature
         weights = _normalize(scores, allowed, spec, normalizer, sinks)
 

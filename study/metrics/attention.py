@@ -227,6 +227,23 @@ def softmax_jacobian_norm(weights: Tensor, temperature: float, iterations: int =
     return torch.where(tied, top2[..., 0], 0.5 * (lo + hi)) / temperature
 
 
+def softmax_jacobian_max_entry(weights: Tensor, temperature: float) -> Tensor:
+    """Largest |entry| of d softmax(l / T) / d l = (1/T) (diag(a) - a a^T) for each row of `weights` (..., Lk).
+
+    The diagonal entries are a_i (1 - a_i) / T, the off-diagonal ones a_i a_j / T; the largest is the larger of
+    max_i a_i (1 - a_i) and the product of the two largest weights, over T. Both are at most 1/4, so the result
+    is at most 1/(4T) on every row: the entrywise form of the paper's Corollary 3 holds by mathematics.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    a = weights.to(torch.float64)
+    diagonal = (a * (1 - a)).amax(-1)
+    if a.shape[-1] < 2:
+        return diagonal / temperature
+    top2 = a.topk(2, dim=-1).values
+    return torch.maximum(diagonal, top2[..., 0] * top2[..., 1]) / temperature
+
+
 def sample_rows(
     weights: Tensor, allowed: Tensor, n_rows: int, generator: torch.Generator | None = None
 ) -> Tensor:

@@ -8,7 +8,7 @@
     study report logs/<sweep>                                      findings table and figures from the logs
     study analyze --model <hub | dir | .ckpt> --text <file | shakespeare>   the paper's Algorithms 1-5
     study bench [--quick]                                          speed and memory against stock transformers
-    study probe --model <dir | hub> --out <dir>                    loss, W_q/W_k gradients, Jacobian, Hessian vs T
+    study probe --model <dir | hub> --out <dir>                    per-layer and single-layer gradients, Jacobian, Hessian vs T
 
 Each verb is a module with its own `main(argv)` (`VERBS`), imported only when used: `study report` never loads
 Lightning or transformers. This module is the top of the package; nothing imports it.
@@ -32,7 +32,7 @@ VERBS: dict[str, str] = {
     "report": "study.report",
     "analyze": "study.analysis.command",
     "bench": "study.bench",
-    "probe": "study.probe",
+    "probe": "study.probe.command",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # Verbs with a --verbose of their own (the sweep's shows every run's output live); it also shows tracebacks.

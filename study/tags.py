@@ -126,3 +126,14 @@ def analysis(quantity: str, axis: str, value: object) -> str:
 def probe(quantity: str) -> str:
     """``probe/{quantity}`` (loss, grad_norm/attn_qk, jacobian/p50, ...), one step per temperature."""
     return f"probe/{quantity}"
+
+
+def probe_layer(layer: int, quantity: str) -> str:
+    """``probe/layer_{l}/{quantity}``: T in every layer, one layer's gradient norm (attn_qk, attn_v, attn_out, mlp,
+    residual), one step per temperature."""
+    return probe(f"layer_{layer}/{quantity}")
+
+
+def probe_single_layer(layer: int, quantity: str) -> str:
+    """``probe/single_layer_{l}/{quantity}``: T lowered in layer l only (grad_attn_qk, loss, jacobian/p50, ...)."""
+    return probe(f"single_layer_{layer}/{quantity}")

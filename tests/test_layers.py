@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "study.data": 3,
     "study.model": 3,
     "study.fit": 4,
+    "study.frozen": 4,
     "study.analysis": 5,
     "study.probe": 5,
     "study.report": 5,

@@ -101,32 +101,14 @@ def model_kind(name: str) -> str:
 
 
 def read_text(spec: str, min_chars: int) -> str:
-    if spec == "shakespeare":
-        from study.data import shakespeare_files
+    """The text (`study.frozen.read_text`: the same checks as every frozen-model command)."""
+    from study.frozen import FrozenInputError
+    from study.frozen import read_text as read_frozen_text
 
-        try:
-            files = shakespeare_files()["validation"]
-        except FileNotFoundError as err:
-            raise AnalyzeError(str(err)) from err
-        parts, size = [], 0
-        for f in files:  # held-out plays: text the embedded default model never trained on
-            parts.append(Path(f).read_text(errors="replace"))
-            size += len(parts[-1])
-            if size >= min_chars:
-                break
-        text = "\n".join(parts)
-    else:
-        path = Path(spec)
-        if not path.is_file():
-            raise AnalyzeError(f"text file not found: {spec}")
-        from study.data import text_problem
-
-        if (problem := text_problem(path)) is not None and "empty" not in problem:  # a binary file: refuse it
-            raise AnalyzeError(problem)
-        text = path.read_text(errors="replace")
-    if not text.strip():
-        raise AnalyzeError(f"empty text: {spec} has no characters to tokenise")
-    return text
+    try:
+        return read_frozen_text(spec, min_chars=min_chars)
+    except FrozenInputError as err:
+        raise AnalyzeError(str(err)) from err
 
 
 def model_name(name: str, kind: str) -> str:
@@ -212,54 +194,14 @@ def checkpoint_tokenizer(ckpt: Path, hparams: dict):
 
 
 def load_model_and_tokenizer(args, kind: str):
-    """(model, tokenizer, context). The model is in eval mode on args.device."""
-    import torch
+    """(model, tokenizer), by `study.frozen.load_frozen`: the model in eval mode on args.device."""
+    from study.frozen import FrozenInputError, load_frozen
 
-    from study.pretrained import load_causal_lm
-
-    if kind == "ckpt":
-        from study.attention import AttentionSpec
-        from study.model import GPT2Module
-
-        # Weights-only unpickling (the safe default) with the one project class the hyperparameters hold.
-        try:
-            with torch.serialization.safe_globals([AttentionSpec]):
-                module = GPT2Module.load_from_checkpoint(args.model, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - report any load failure with the path
-            raise AnalyzeError(f"cannot load checkpoint {args.model} as a GPT2Module: {err}") from err
-        model = module.model  # carries the checkpoint's AttentionSpec (apply_attention_spec in __init__)
-        if args.tokenizer:
-            tok = load_tokenizer(args.tokenizer)
-        else:
-            tok = checkpoint_tokenizer(Path(args.model), dict(module.hparams))
-            if tok is None:
-                raise AnalyzeError(
-                    f"no tokenizer found for checkpoint {args.model}: none saved beside it, no config.yaml naming "
-                    "one; pass --tokenizer gpt2 or --tokenizer DIR")
-    elif kind == "dir":
-        model = load_causal_lm(args.model)
-        tok_spec = args.tokenizer or args.model
-        if not args.tokenizer and not _is_tokenizer_dir(Path(args.model)):
-            raise AnalyzeError(f"model directory {args.model} holds no tokenizer; pass --tokenizer gpt2 or DIR")
-        tok = load_tokenizer(tok_spec)
-    else:
-        model = load_causal_lm(args.model)
-        if args.tokenizer:
-            tok = load_tokenizer(args.tokenizer)
-        elif args.model == "gpt2":
-            tok = load_tokenizer("gpt2")
-        else:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(args.model)
-    if len(tok) <= 1:
-        raise AnalyzeError(f"the tokenizer for {args.model} is empty (offline hub?); pass --tokenizer")
-    embed = model.get_input_embeddings().num_embeddings
-    if len(tok) > embed:
-        raise AnalyzeError(f"the tokenizer has {len(tok)} tokens but the model embeds only {embed}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise AnalyzeError(f"--device {args.device}: CUDA is not available")
-    return model.to(args.device).eval(), tok
+    try:
+        frozen = load_frozen(args.model, tokenizer=args.tokenizer, device=args.device)
+    except FrozenInputError as err:
+        raise AnalyzeError(str(err)) from err
+    return frozen.model, frozen.tokenizer
 
 
 def config_context(args, kind: str) -> int | None:

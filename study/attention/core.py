@@ -192,6 +192,8 @@ def attend(
     if normalizer is None:
         normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
 
+    exact = torch.promote_types(query.dtype, torch.float32)
+
     def rows_output(rows: slice, first_pass: bool = True, layer: int | None = layer) -> Tensor:
         """The output of the query rows ``rows``: their scores over the keys they can reach, weights, taps, the
         weighted values. Keys that causality or the window hide from every row of the block are left out: their
@@ -205,12 +207,13 @@ def attend(
         # Scores and normalisation in fp32 even under bf16 autocast: at T = 0.01 bf16 scores flip top-k choices
         # and the output error reaches 0.5. Divide by T after the model's own transforms, and mask with a finite
         # value only after that, so that a small T never overflows the mask.
+        # A float64 model (the probe's reference) keeps float64 scores.
         with torch.autocast(device_type=query.device.type, enabled=False):
-            scores = torch.matmul(q_rows.float(), k_cols.float().transpose(-1, -2)) * scaling
+            scores = torch.matmul(q_rows.to(exact), k_cols.to(exact).transpose(-1, -2)) * scaling
             if softcap is not None:
                 scores = torch.tanh(scores / softcap) * softcap
             if bias is not None:
-                scores = scores + _block_of(bias, rows, keys).float()
+                scores = scores + _block_of(bias, rows, keys).to(exact)
             scores = scores / spec.temperature
             weights = _normalize(scores, allowed, spec, normalizer, sinks)
 

@@ -48,11 +48,16 @@ PROBE_OPTIONS = {
     "model": "--model",
     "text": "--text",
     "temperatures": "--temperatures",
-    "batches": "--batches",
+    "windows": "--windows",
+    "batches": "--batches",  # the former name of windows
     "batch_size": "--batch-size",
     "seq_len": "--seq-len",
+    "single_layers": "--single-layers",
     "jacobian_rows": "--jacobian-rows",
     "hessian_iterations": "--hessian-iterations",
+    "hessian_temperatures": "--hessian-temperatures",
+    "fp64_windows": "--fp64-windows",
+    "fp64_temperatures": "--fp64-temperatures",
     "seed": "--seed",
 }
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}

@@ -1,0 +1,213 @@
+"""`study probe`: how a frozen causal LM's attention-logit gradients respond to the temperature T.
+
+    study probe --model <name | folder | .ckpt | hub name> --text <file | folder | shakespeare>
+                [--temperatures 0.001 0.003 0.01 0.03 0.1 0.3 1 3 10] [--windows 20 --seq-len 128]
+                [--single-layers 0 15 29] [--fp64-windows 2 --fp64-temperatures 0.001 0.01]
+                [--hessian-iterations 10 --hessian-temperatures ...] [--quiet] --out logs/probe
+
+No training. The replicates are independent text windows (`study.frozen.text_windows`: windows of --seq-len
+tokens spread across the held-out plays or documents, batch size 1), the same windows at every T. For each T:
+
+* T in every layer: the loss; the gradient norms of W_q and W_k (the parameters of the attention logits; GPT-2's
+  fused c_attn split into its q/k/v blocks) per layer, beside the controls W_v, W_o, the MLP, the embeddings and
+  the residual stream entering each layer; the attention Jacobian d alpha / d l on sampled rows (spectral norm
+  distribution, the saturated fraction, and Corollary 3 entrywise: the largest |J_ij| against 1/(4T)); the
+  spectral norm and largest eigenvalue of the loss Hessian restricted to W_q and W_k (power iteration on
+  Hessian-vector products, normalised without overflow), on the first window;
+* T in one layer only (each of --single-layers, stock attention elsewhere): that layer's own W_q/W_k gradient
+  norm and the Jacobian of its rows. This is the paper's per-layer claim: with T lowered everywhere, a layer's
+  gradient also crosses every low-T layer above it, which compounds with depth.
+* an fp64 reference: the first --fp64-windows windows again with the model in float64, at --fp64-temperatures
+  (default: the grid's T <= 0.01), for the W_q/W_k gradient norms of both kinds and the Hessian.
+
+`study report` turns `<sweep>/probe/probe.json` into findings (docs/findings.md). Writes `<out>/probe.json`,
+`<out>/probe.png` and TensorBoard scalars under `<out>/tensorboard` (step = index of T in the sorted grid):
+`probe/...` for T in every layer, `probe/layer_<l>/<kind>` per layer, `probe/single_layer_<l>/...`.
+
+Progress: a bar with the time left on a terminal, else one line per step on stderr; ``--quiet`` turns it off.
+Bad input (T <= 0, a missing model or text, a binary or empty text, a --seq-len beyond the model's context, a
+layer the model does not have) fails before the model runs, naming the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from study.probe.gradients import ProbeError
+
+DEFAULT_TEMPERATURES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+FP64_BELOW = 0.01  # the fp64 reference's default temperatures: the grid's T at or below this
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="study probe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="an embedded model (smollm2-135m), a Hugging Face folder, a .gguf, "
+                   "a study fit .ckpt or a hub name")  # fmt: skip
+    p.add_argument("--text", default="shakespeare",
+                   help="a text file, a folder of .txt files, or 'shakespeare' (the embedded held-out plays)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=list(DEFAULT_TEMPERATURES), help="the grid of T (> 0)")
+    p.add_argument("--windows", "--batches", dest="windows", type=int, default=20,
+                   help="independent text windows = the replicates (batch size 1); --batches is the former name")
+    p.add_argument("--batch-size", type=int, default=1, help="must be 1: each window is one replicate")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per window")
+    p.add_argument("--single-layers", type=int, nargs="*", default=None,
+                   help="layers to lower T in one at a time (default: first, middle, last; none: no single-layer test)")
+    p.add_argument("--jacobian-rows", type=int, default=32, help="attention rows sampled per layer and window")
+    p.add_argument("--hessian-iterations", type=int, default=10, help="power iterations per phase (0: no Hessian)")
+    p.add_argument("--hessian-temperatures", type=float, nargs="+", default=None,
+                   help="the T (of the grid) at which the Hessian is measured (default: every T)")
+    p.add_argument("--fp64-windows", type=int, default=2, help="windows repeated in float64 (0: no fp64 reference)")
+    p.add_argument("--fp64-temperatures", type=float, nargs="+", default=None,
+                   help=f"the T (of the grid) of the fp64 reference (default: the grid's T <= {FP64_BELOW:g})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the windows, the row sampler and the power iteration")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a line per step)")
+    return p
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    bad_t = [t for t in args.temperatures if not (math.isfinite(t) and t > 0)]
+    if bad_t:
+        raise ProbeError(f"--temperatures must all be > 0, got {bad_t}")
+    for flag, value, low in (("--windows", args.windows, 1), ("--seq-len", args.seq_len, 2),
+                             ("--jacobian-rows", args.jacobian_rows, 1), ("--hessian-iterations", args.hessian_iterations, 0),
+                             ("--fp64-windows", args.fp64_windows, 0)):  # fmt: skip
+        if value < low:
+            raise ProbeError(f"{flag} must be >= {low}, got {value}")
+    if args.batch_size != 1:
+        raise ProbeError(f"--batch-size must be 1 (each window is one replicate), got {args.batch_size}")
+    if args.fp64_windows > args.windows:
+        raise ProbeError(f"--fp64-windows {args.fp64_windows} exceeds --windows {args.windows}")
+    grid = set(args.temperatures)
+    for flag, values in (("--hessian-temperatures", args.hessian_temperatures), ("--fp64-temperatures", args.fp64_temperatures)):
+        outside = sorted(set(values or []) - grid)
+        if outside:
+            raise ProbeError(f"{flag} {outside} not in --temperatures {sorted(grid)}")
+    bad_layers = [i for i in args.single_layers or [] if i < 0]
+    if bad_layers:
+        raise ProbeError(f"--single-layers must be >= 0, got {bad_layers}")
+
+
+def check_args(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Everything that can be checked without the weights; returns the text's documents."""
+    from study.frozen import FrozenInputError, check_seq_len, config_context, documents, model_kind
+
+    check_numbers(args)
+    try:
+        kind = model_kind(args.model)
+        docs = documents(args.text)
+        check_seq_len(args.seq_len, config_context(args.model, kind), args.model)
+    except FrozenInputError as err:
+        raise ProbeError(str(err)) from err
+    return docs
+
+
+def chosen_layers(args: argparse.Namespace, layers: int) -> list[int]:
+    if args.single_layers is None:
+        return sorted({0, layers // 2, layers - 1})
+    missing = [i for i in args.single_layers if i >= layers]
+    if missing:
+        raise ProbeError(f"--single-layers {missing}: the model has layers 0..{layers - 1}")
+    return sorted(set(args.single_layers))
+
+
+def load_model(name: str):
+    """The model (fp32, eval) and its tokenizer, by `study.frozen.load_frozen`."""
+    from study.frozen import FrozenInputError, load_frozen
+
+    try:
+        frozen = load_frozen(name, dtype=torch.float32)
+    except FrozenInputError as err:
+        raise ProbeError(str(err)) from err
+    return frozen.model, frozen.tokenizer
+
+
+def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[str] | None = None,
+              show_progress: bool = False) -> dict:  # fmt: skip
+    """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
+    ``show_progress``, one report per step with the time left (`study.progress`)."""
+    from study.frozen import FrozenInputError, check_seq_len, text_windows
+    from study.probe import measure
+    from study.progress import progress
+
+    start = time.perf_counter()
+    model, tokenizer = load_model(args.model)
+    try:
+        check_seq_len(args.seq_len, getattr(model.config, "max_position_embeddings", None), args.model)
+        windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed)
+    except FrozenInputError as err:
+        raise ProbeError(str(err)) from err
+    layers = chosen_layers(args, measure.num_layers(model))
+    grid = sorted(set(args.temperatures))
+    hessian_at = set(grid if args.hessian_temperatures is None else args.hessian_temperatures)
+    hessian_at = hessian_at if args.hessian_iterations else set()
+    fp64_at = set(args.fp64_temperatures if args.fp64_temperatures is not None else [t for t in grid if t <= FP64_BELOW])
+    fp64_at = fp64_at if args.fp64_windows else set()
+    steps = [("all", t) for t in grid] + [(layer, t) for layer in layers for t in grid]
+    steps += [("fp64", t) for t in grid if t in fp64_at]
+    results = {t: None for t in grid}
+    single = {layer: {} for layer in layers}
+    ids = windows.ids
+
+    def label(step) -> str:
+        what, t = step
+        return f"{t:g} " + {"all": "(every layer)", "fp64": "(fp64 reference)"}.get(what, f"(layer {what} alone)")
+
+    for what, t in progress(steps, "probe", unit="T", enabled=show_progress, label=label):
+        if what == "all":
+            result = measure.all_layers(model, ids, t, args.jacobian_rows, args.seed)
+            hessian = measure.hessian(model, ids[0], t, args.hessian_iterations, args.seed) if t in hessian_at else (None, None)
+            result["hessian_qk_norm"], result["hessian_qk_top"] = hessian
+            results[t] = result
+        elif what == "fp64":
+            model.double()
+            reference = {"windows": args.fp64_windows,
+                         "grad_attn_qk": measure.qk_gradient(model, ids[: args.fp64_windows], t, None)}  # fmt: skip
+            if t in hessian_at:
+                reference["hessian_qk_norm"], reference["hessian_qk_top"] = measure.hessian(
+                    model, ids[0], t, args.hessian_iterations, args.seed)  # fmt: skip
+            results[t]["fp64"] = reference
+            for layer in layers:
+                single[layer][t]["fp64"] = {"windows": args.fp64_windows,
+                                            "grad_attn_qk": measure.qk_gradient(model, ids[: args.fp64_windows], t, layer)}  # fmt: skip
+            model.float()
+        else:
+            single[what][t] = measure.single_layer(model, ids, t, what, args.jacobian_rows, args.seed)
+    return {
+        "model": args.model, "text": args.text, "windows": args.windows, "seq_len": args.seq_len,
+        "window_sources": [list(s) for s in windows.sources], "layers": measure.num_layers(model),
+        "jacobian_rows": args.jacobian_rows, "hessian_iterations": args.hessian_iterations,
+        "fp64_windows": args.fp64_windows, "fp64_temperatures": sorted(fp64_at), "seed": args.seed,
+        "seconds": round(time.perf_counter() - start, 1), "argv": argv, "results": [results[t] for t in grid],
+        "single_layer": [{"layer": layer, "results": [single[layer][t] for t in grid]} for layer in layers],
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    from study.console import silence_library_notices
+    from study.probe.writers import console_lines, write_figure, write_tensorboard
+
+    args = build_parser().parse_args(argv)
+    silence_library_notices()
+    try:
+        docs = check_args(args)
+        report = run_probe(args, docs, argv=list(argv) if argv is not None else sys.argv[1:], show_progress=not args.quiet)
+    except ProbeError as err:
+        print(f"study probe: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps(report, indent=1))
+    write_figure(report, out)
+    write_tensorboard(report, out)
+    for line in console_lines(report):
+        print(line)
+    print(f"probe: {out / 'probe.json'} ({report['seconds']} s)")
+    return 0

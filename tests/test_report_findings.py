@@ -141,14 +141,18 @@ def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
             run(1.0, s, spikes=ref_spikes[s]) for s in SEEDS
         ]
 
-    assert F.instability_finding(runs([2, 1, 3], [0, 0, 0])).verdict == SUPPORTED
-    assert F.instability_finding(runs([0, 0, 0], [0, 0, 0], state_low="diverged")).verdict == SUPPORTED
+    # every low-T run unstable, no reference run: 3 of 3 against 0 of 3 is not evidence at 95% (exact intervals,
+    # as Fisher's exact test); 10 of 10 against 0 of 10 is
+    assert F.instability_finding(runs([2, 1, 3], [0, 0, 0])).verdict == INCONCLUSIVE
+    assert F.instability_finding(runs([0, 0, 0], [0, 0, 0], state_low="diverged")).verdict == INCONCLUSIVE
+    ten = [run(0.01, s, spikes=1) for s in range(10)] + [run(1.0, s, spikes=0) for s in range(10)]
+    assert F.instability_finding(ten).verdict == SUPPORTED
     zero = F.instability_finding(runs([0, 0, 0], [0, 0, 0]))
     assert zero.verdict == INCONCLUSIVE and "zero events" in zero.value
-    # instability at the reference T only: 3 seeds a side cannot exclude +0.25 (Welch's t at 2 df), 6 can
+    # instability at the reference T only: 3 seeds a side cannot exclude +0.25, 12 can
     assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == INCONCLUSIVE
-    six = [run(0.01, s, spikes=0) for s in range(6)] + [run(1.0, s, spikes=[1, 1, 0, 1, 1, 0][s]) for s in range(6)]
-    assert F.instability_finding(six).verdict == NOT_SUPPORTED
+    twelve = [run(0.01, s, spikes=0) for s in range(12)] + [run(1.0, s, spikes=s % 2) for s in range(12)]
+    assert F.instability_finding(twelve).verdict == NOT_SUPPORTED
     # Zero events can refute the claim too, given enough runs: 0 of 12 bounds the low-T fraction at 0.22 < 0.25.
     calm = [run(0.01, s, spikes=0) for s in range(12)] + [run(1.0, s, spikes=0) for s in range(12)]
     finding = F.instability_finding(calm)

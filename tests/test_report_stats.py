@@ -19,6 +19,7 @@ from study.report.stats import (
     difference_interval,
     family_level,
     mean_interval,
+    proportion_difference_interval,
     simultaneous,
     slope_interval,
 )
@@ -91,6 +92,29 @@ def test_paired_slope_interval_covers(dist, n):
         )
 
     assert coverage(interval, SLOPE, n) >= FLOOR
+
+
+@pytest.mark.parametrize("n", COUNTS)
+def test_proportion_difference_interval_covers_exactly(n):
+    """Exact coverage (every outcome weighted by its binomial probability, no simulation) of the difference of two
+    event fractions, at n runs per group, over a grid of true fractions: never below 95%."""
+    from scipy.stats import binom
+
+    intervals = {(a, b): proportion_difference_interval(a, n, b, n) for a in range(n + 1) for b in range(n + 1)}
+    for p_a in (0.0, 0.05, 0.2, 0.5, 0.8, 1.0):
+        for p_b in (0.0, 0.1, 0.5, 0.9):
+            weight_a, weight_b = binom.pmf(range(n + 1), n, p_a), binom.pmf(range(n + 1), n, p_b)
+            covered = sum(
+                weight_a[a] * weight_b[b] for (a, b), iv in intervals.items() if iv.lo - 1e-12 <= p_a - p_b <= iv.hi + 1e-12
+            )
+            assert covered >= 0.95 - 1e-9, (n, p_a, p_b, covered)
+    # 0/1 outcomes without spread: a t-interval has zero width, this one does not
+    assert difference_interval([1.0] * 3, [0.0] * 3).lo == 1.0
+    assert proportion_difference_interval(3, 3, 0, 3).lo < 0 < proportion_difference_interval(10, 10, 0, 10).lo
+    with pytest.raises(ValueError, match="events=4 of n=3"):
+        proportion_difference_interval(4, 3, 0, 3)
+    with pytest.raises(TooFew, match="2 vs 3 runs"):
+        proportion_difference_interval(1, 2, 0, 3)
 
 
 def test_the_coverage_check_can_fail():

@@ -30,6 +30,7 @@ from study.report.stats import (
     fmt,
     mean_interval,
     percent,
+    proportion_difference_interval,
     slope_interval,
 )
 from study.report.summary import Summary
@@ -89,10 +90,10 @@ def _judge(
     try:
         interval = compute()
     except TooFew as err:
-        return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe(), paper_value, experiment)
-    return Finding(
-        claim, null, statistic, show(interval), rule.verdict(interval), rule.describe(), paper_value, experiment, interval
-    )
+        why = f"too few: {err}"
+        return Finding(claim, null, statistic, why, INCONCLUSIVE, rule.describe(), paper_value, experiment)
+    verdict = rule.verdict(interval)
+    return Finding(claim, null, statistic, show(interval), verdict, rule.describe(), paper_value, experiment, interval)
 
 
 def _saturation_note(runs: list[Summary]) -> str:
@@ -227,7 +228,8 @@ def instability_finding(summaries: list[Summary]) -> Finding:
                 return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref), confidence())
             raise TooFew(f"no unstable run in either group ({len(low)} vs {len(ref)} runs): zero events; the low-T "
                          f"fraction's {percent(confidence())} upper bound {fmt(upper_low)} still allows the claimed effect")
-        return difference_interval([float(s.unstable) for s in low], [float(s.unstable) for s in ref])
+        events_low, events_ref = sum(s.unstable for s in low), sum(s.unstable for s in ref)
+        return proportion_difference_interval(events_low, len(low), events_ref, len(ref))
 
     return _judge(
         claim, "equal fractions", statistic, UNSTABLE_RULE, compute, paper_value="low T is unstable", experiment="training"

@@ -15,6 +15,9 @@ quantile grows as the degrees of freedom fall (4.30 at 2 df), and it is exact fo
 - `mean_interval`: Student's t over the replicates (n - 1 df).
 - `difference_interval`: Welch's t (each group its own variance, Welch-Satterthwaite df), because a low-T group
   spreads more than the reference group.
+- `proportion_difference_interval`: a difference of two fractions of events (unstable runs): exact
+  Clopper-Pearson intervals per group at 1 - alpha/2, so never below the level (a t-interval on 0/1 values with
+  no spread has zero width).
 - `slope_interval`: the log-log slope is a linear contrast of the per-level mean log y. Unpaired levels (seeds):
   its variance from each level's own variance, Welch-Satterthwaite df (least squares over all runs with N - 2 df
   assumes equal variances and covered 90% when the spread differs between levels). Paired levels (the same texts
@@ -270,6 +273,28 @@ def difference_interval(a: Sequence[float], b: Sequence[float], what: str = "run
     parts = np.array([np.var(x, ddof=1) / len(x), np.var(y, ddof=1) / len(y)])
     df = _satterthwaite(parts, np.array([len(x) - 1, len(y) - 1], dtype=float))
     return _t_interval(float(np.mean(x) - np.mean(y)), float(parts.sum()), df, len(x) + len(y))
+
+
+def proportion_difference_interval(events_a: int, n_a: int, events_b: int, n_b: int, what: str = "runs") -> Interval:
+    """p_a - p_b for counts of events (e.g. unstable runs out of n), from two exact Clopper-Pearson intervals.
+
+    A t-interval is wrong on 0/1 outcomes: a group without spread (3 of 3 runs unstable) gives a zero-width
+    interval. Here each group's exact interval is taken at 1 - alpha/2 and the difference of their ends covers
+    p_a - p_b with probability >= 1 - alpha (Bonferroni over the two groups): conservative, never below the level,
+    and like Fisher's exact test it cannot separate 3 of 3 from 0 of 3 at 95%.
+    """
+    from scipy.stats import binomtest
+
+    for events, n in ((events_a, n_a), (events_b, n_b)):
+        if not (isinstance(events, int | np.integer) and isinstance(n, int | np.integer) and 0 <= events <= n):
+            raise ValueError(f"events={events!r} of n={n!r}: need whole counts with 0 <= events <= n")
+    if min(n_a, n_b) < MIN_REPLICATES:
+        raise TooFew(f"{n_a} vs {n_b} {what} (need {MIN_REPLICATES} in each)")
+    level = confidence()
+    groups = ((events_a, n_a), (events_b, n_b))
+    ends = [binomtest(int(k), int(n)).proportion_ci(0.5 + level / 2, method="exact") for k, n in groups]
+    (lo_a, hi_a), (lo_b, hi_b) = ((float(e.low), float(e.high)) for e in ends)
+    return Interval(events_a / n_a - events_b / n_b, lo_a - hi_b, hi_a - lo_b, n_a + n_b, level)
 
 
 def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -6,8 +6,8 @@ grouped-query attention with 9 query and 3 key/value heads), as a Q4_1 gguf file
 turns that file once into an ordinary Hugging Face folder (fp32 weights dequantised from the gguf, with its
 tokenizer) and returns the folder's path, so every `from_pretrained` in the study loads it like any hub model.
 
-Why a folder and not `from_pretrained(dir, gguf_file=...)` every time: reading the gguf costs about 20 s (the
-dequantisation of 272 tensors), a saved folder loads in well under a second; and `save_pretrained` refuses a model
+Why a folder and not `from_pretrained(dir, gguf_file=...)` every time: reading the gguf dequantises its 272
+tensors, many times slower than loading a saved folder (docs/realmodel.md has the times); and `save_pretrained` refuses a model
 loaded with `gguf_file`, so the folder is built from a clean `LlamaForCausalLM(config)` into which the
 dequantised tensors are loaded.
 
@@ -116,7 +116,7 @@ def cache_key(source: Path) -> str:
 
 
 def materialize_gguf(source: Path, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cached Hugging Face folder of gguf file ``source``, built on first use (about 20 s for 135 M)."""
+    """The cached Hugging Face folder of gguf file ``source``, built on first use (the slow part: once)."""
     source = Path(source)
     target = cache_root(cache_dir) / f"{source.stem}-{cache_key(source)}"
     if not usable(target):  # missing, half-built or damaged (then moved aside, with the reason printed)

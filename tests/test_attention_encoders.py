@@ -87,7 +87,7 @@ def image_batches(n: int = 4) -> DataLoader:
 def monitors() -> list:
     return [
         AttentionEntropyMonitor(every_n_steps=1),
-        SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4)),
+        SelectionUniformityMonitor(every_n_steps=1, selection_ks=(1, 4)),
         GradientNormMonitor(every_n_steps=1),
         AttentionJacobianMonitor(every_n_steps=1),
         AttentionMapMonitor(every_n_steps=1),

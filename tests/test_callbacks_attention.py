@@ -38,7 +38,7 @@ def test_uniform_attention_gpt2(tmp_path):
             block.attn.c_attn.bias[:32] = 0
     monitors = [
         AttentionEntropyMonitor(every_n_steps=1),
-        SelectionUniformityMonitor(every_n_steps=1, topk=(1, 4)),
+        SelectionUniformityMonitor(every_n_steps=1, selection_ks=(1, 4)),
     ]
     trainer = make_trainer(tmp_path, monitors, max_steps=2)
     trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1))
@@ -122,7 +122,7 @@ def test_only_logging_steps_open_a_tap(tmp_path):
 
 def test_llama_and_state_dict(tmp_path):
     """The same monitors on a transformers Llama (after apply_attention_spec); counters survive a checkpoint."""
-    monitor = SelectionUniformityMonitor(every_n_steps=1, topk=(2,))
+    monitor = SelectionUniformityMonitor(every_n_steps=1, selection_ks=(2,))
     entropy = AttentionEntropyMonitor(every_n_steps=1, per_head=True)
     trainer = make_trainer(tmp_path, [monitor, entropy], max_steps=2, enable_checkpointing=True)
     trainer.fit(LlamaModule(AttentionSpec(temperature=0.5)), token_loader(), token_loader(seed=1))
@@ -196,7 +196,7 @@ def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
 
     from study.callbacks import AttentionJacobianMonitor, GradientNormMonitor
 
-    monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, topk=(2,)),
+    monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, selection_ks=(2,)),
                 GradientNormMonitor(every_n_steps=1), AttentionJacobianMonitor(every_n_steps=1, rows=4)]  # fmt: skip
     make_trainer(tmp_path, monitors, max_steps=2, gradient_clip_val=1.0).fit(
         LlamaModule(AttentionSpec(temperature=0.5)), token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1)

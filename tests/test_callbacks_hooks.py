@@ -1,29 +1,35 @@
-"""Lightning hooks are typed and marked `@override`: a misspelt hook name is an error here, not a silent no-op."""
+"""Lightning hooks are typed and marked `@override`: a misspelt hook name is an error here, not a silent no-op.
+
+Every Lightning callback anywhere in `study/` is checked (the monitors, the bench's and the sweep's timers), and
+none may hide inside a function, where this scan could not see it."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
+import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
 
-import study.callbacks as callbacks_package
+import study
 from study.data import TextDataModule
 from study.model import CausalLMModule
 
 HOOKS = {name for name, value in vars(L.Callback).items() if callable(value) and not name.startswith("_")}
+PACKAGE = Path(study.__file__).parent
 
 
 def _callback_classes() -> list[type]:
-    import pkgutil
-
     found = set()
-    for info in pkgutil.iter_modules(callbacks_package.__path__):
-        module = __import__(f"study.callbacks.{info.name}", fromlist=["_"])
+    for info in pkgutil.walk_packages(study.__path__, "study."):
+        module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, L.Callback) and cls.__module__.startswith("study.callbacks"):
+            if issubclass(cls, L.Callback) and cls.__module__.startswith("study."):
                 found.add(cls)
     return sorted(found, key=lambda c: c.__qualname__)
 
@@ -34,7 +40,24 @@ CLASSES = _callback_classes()
 def test_every_callback_of_the_package_is_found():
     names = {c.__name__ for c in CLASSES}
     assert {"TapMonitor", "AttentionEntropyMonitor", "GradientNormMonitor", "AttentionMapMonitor", "NonFiniteGuard",
-            "NormalizerParameterMonitor", "AttentionJacobianMonitor", "TensorBoardLayout"} <= names  # fmt: skip
+            "NormalizerParameterMonitor", "AttentionJacobianMonitor", "TensorBoardLayout", "StepTimerStart", "StepTimerStop", "PeakMemoryStart",
+            "PeakMemoryStop"} <= names  # fmt: skip
+
+
+def test_no_callback_is_defined_inside_a_function():
+    """A class made inside a function exists only when it runs: the scan above would miss its hooks."""
+    hidden = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ClassDef) and (
+                    any("Callback" in ast.unparse(base) for base in node.bases)
+                    or any(isinstance(m, ast.FunctionDef) and m.name in HOOKS for m in node.body)
+                ):
+                    hidden.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+    assert not hidden, f"Lightning callbacks defined inside functions: {hidden}"
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from study.attention import current_spec
+from study.attention import attention_modules, current_spec
 from study.fit import lightning_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,3 +67,28 @@ def test_bad_values_fail_before_training(text_files, tmp_path, override, match, 
     message = str(info.value) + capsys.readouterr().err
     assert match in message
     assert not (tmp_path / "logs").exists()  # nothing trained, nothing logged
+
+
+def test_a_users_normaliser_takes_its_option_from_a_yaml_config(text_files, tmp_path):
+    """A normaliser named by import path (no registering code runs first) gets its own option from YAML, and a
+    misspelt option is refused before anything is built."""
+    config = tmp_path / "capped.yaml"
+    config.write_text("model:\n  attention:\n    normalizer: tests.test_normalizers:CappedSoftmax\n"
+                      "    temperature: 0.5\n    options: {cap: 0.5}\n")
+    cli = lightning_main(fit_args(text_files, tmp_path, "--config", str(config))[1:], run=False)
+    specs = current_spec(cli.model.model)
+    assert {s.options["cap"] for s in specs.values()} == {0.5} and {s.temperature for s in specs.values()} == {0.5}
+    assert {m.study_normalizer.cap for m in attention_modules(cli.model.model)} == {0.5}
+    with pytest.raises((SystemExit, ValueError)) as info:
+        lightning_main(fit_args(text_files, tmp_path, "--config", str(config), "--model.attention.options={kap: 1}")[1:],
+                       run=False)
+    assert "kap=1 has no effect with normalizer 'tests.test_normalizers:CappedSoftmax'" in str(info.value)
+
+
+def test_the_monitors_former_topk_key_is_refused_naming_the_new_one(text_files, tmp_path):
+    config = tmp_path / "old.yaml"
+    config.write_text("trainer:\n  callbacks:\n    - class_path: study.callbacks.SelectionUniformityMonitor\n"
+                      "      init_args: {topk: [1, 4]}\n")
+    with pytest.raises((SystemExit, ValueError)) as info:
+        lightning_main(fit_args(text_files, tmp_path, "--config", str(config))[1:], run=False)
+    assert "`topk` is now `selection_ks`" in str(info.value) and "selection_ks: [1, 4]" in str(info.value)

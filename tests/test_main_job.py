@@ -61,7 +61,7 @@ def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
         if cb["class_path"].startswith("study.callbacks") and every is not None:
             assert every <= trainer["max_steps"] // 2, cb
     selection = next(cb for cb in trainer["callbacks"] if cb["class_path"].endswith("SelectionUniformityMonitor"))
-    assert 8 in selection["init_args"]["topk"]  # selection uniformity at the grid's fixed k
+    assert 8 in selection["init_args"]["selection_ks"]  # selection uniformity at the grid's fixed k
 
 
 def test_quick_is_the_small_gpt2_pipeline():

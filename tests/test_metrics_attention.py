@@ -185,7 +185,7 @@ def test_summarize_rows_matches_brute_force(seed, sparse):
     ks = (1, 3, 4, 16)
     weights, allowed = random_inputs(seed, sparse=sparse)
     b, h, lq, lk = weights.shape
-    sums = summarize_rows(weights, allowed, topk=ks)
+    sums = summarize_rows(weights, allowed, selection_ks=ks)
 
     expected = {key: [0.0] * h for key in sums}
     for hi, n, a in visible_rows(weights, allowed):
@@ -208,7 +208,7 @@ def test_summarize_rows_matches_brute_force(seed, sparse):
     torch.testing.assert_close(
         means["normalized_entropy"], sums["normalized_entropy"] / sums["rows_nondegenerate"]
     )
-    halves = [summarize_rows(weights[i : i + 1], allowed[i : i + 1], topk=ks) for i in range(b)]
+    halves = [summarize_rows(weights[i : i + 1], allowed[i : i + 1], selection_ks=ks) for i in range(b)]
     for key in sums:
         torch.testing.assert_close(halves[0][key] + halves[1][key], sums[key])
 

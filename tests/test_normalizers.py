@@ -375,3 +375,109 @@ def test_normaliser_named_by_import_path_registers_itself():
     spec = AttentionSpec(normalizer="tests.test_normalizers:DoubledSoftmax")
     assert NORMALIZERS["tests.test_normalizers:DoubledSoftmax"] is DoubledSoftmax
     assert not spec.is_learnable
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A normaliser's own options: declared on the class, carried by the spec, checked by the normaliser
+
+
+class CappedSoftmax(Normalizer):
+    """softmax(min(z, cap)): its option `cap` bounds every score, so small caps have a closed form."""
+
+    name = "capped_softmax"
+    options = {"cap": 5.0}
+
+    def __init__(self, cap: float) -> None:
+        super().__init__()
+        self.cap = cap
+
+    @classmethod
+    def check_spec(cls, spec) -> None:
+        super().check_spec(spec)
+        if spec.options["cap"] <= 0:
+            raise ValueError(f"cap must be > 0, got {spec.options['cap']!r}")
+
+    @classmethod
+    def from_spec(cls, spec, num_heads):
+        return cls(spec.options["cap"])
+
+    def forward(self, scores, allowed, visible=None):
+        return masked_softmax(scores.clamp(max=self.cap), allowed)
+
+
+def test_a_users_normaliser_takes_its_own_option_from_python():
+    register_normalizer(CappedSoftmax)
+    spec = AttentionSpec(normalizer="capped_softmax", options={"cap": 0.5})
+    assert spec.options == {"cap": 0.5} and spec.as_hparams()["cap"] == 0.5
+    assert AttentionSpec(normalizer="capped_softmax").options == {"cap": 5.0}  # the declared default
+    assert spec == AttentionSpec(normalizer="capped_softmax", options={"cap": 0.5}) and hash(spec) == hash(
+        AttentionSpec(normalizer="capped_softmax", options={"cap": 0.5}))
+    # A cap below every score makes each causal row uniform over its visible keys: row t is 1 / (t + 1).
+    q, k, _ = qkv()
+    scores = (q.abs() + 1) @ (k.abs() + 1).transpose(-1, -2)  # every score >= 8 > cap
+    weights, _, _ = causal_weights(spec, scores)
+    length = q.shape[-2]
+    expected = torch.tril(torch.ones(length, length)) / torch.arange(1, length + 1).unsqueeze(-1)
+    torch.testing.assert_close(weights, expected.expand_as(weights))
+    # ... and the option reaches a transformers model's layers.
+    model = apply_attention_spec(tiny_gpt2(AttentionSpec()), spec)
+    assert {m.study_normalizer.cap for m in attention_modules(model)} == {0.5}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        (dict(normalizer="capped_softmax", options={"cap": 0.0}), "cap must be > 0, got 0.0"),
+        (dict(normalizer="capped_softmax", options={"cap": "big"}), "cap of normalizer 'capped_softmax' must be a "
+         "finite number, got 'big'"),
+        (dict(normalizer="capped_softmax", options={"kap": 1.0}), r"kap=1.0 has no effect with normalizer "
+         r"'capped_softmax'; its options are \['cap'\]"),
+        (dict(normalizer="softmax", options={"cap": 1.0}), "cap=1.0 has no effect with normalizer 'softmax'; it "
+         "takes no options"),
+        (dict(normalizer="entmax", alpha=2.0, options={"alpha": 3.0}), r"alpha is given twice, alpha=2.0 and "
+         r"options\['alpha'\]=3.0"),
+        (dict(normalizer="capped_softmax", options=[("cap", 1.0)]), "options must map option names to values"),
+    ],
+)
+def test_bad_normaliser_options_are_refused_naming_the_value(kwargs, named):
+    register_normalizer(CappedSoftmax)
+    with pytest.raises(ValueError, match=named):
+        AttentionSpec(**kwargs)
+
+
+def test_built_in_options_by_their_own_keys_are_the_same_as_options():
+    """Configs write `alpha: 2`; that is `options: {alpha: 2}`, and the key mirrors the resolved value."""
+    by_key, by_options = AttentionSpec(normalizer="entmax", alpha=2.0), AttentionSpec(normalizer="entmax",
+                                                                                        options={"alpha": 2.0})
+    assert by_key == by_options and by_key.options == {"alpha": 2.0} and by_options.alpha == 2.0
+    assert AttentionSpec(normalizer="ssmax").ssmax_scale == 0.43 and AttentionSpec().alpha is None
+    # a spec rebuilt from its own fields (a saved config, a checkpoint's hyperparameters) is the same spec
+    spec = AttentionSpec(normalizer="self_adjust", self_adjust_variant="plain", temperature=0.5)
+    assert AttentionSpec(**{f: getattr(spec, f) for f in spec.__dataclass_fields__}) == spec
+    assert copy.deepcopy(spec) == spec
+
+
+def test_a_spec_pickled_before_normalisers_owned_their_options_still_loads():
+    """Checkpoints hold the spec pickled: an old one has no `options` and every built-in option at its default."""
+    old_state = {"normalizer": "softmax", "temperature": 0.5, "top_k": None, "layers": None, "alpha": 1.5,
+                 "learnable": None, "ssmax_scale": 0.43, "self_adjust_variant": "normalized"}
+    spec = AttentionSpec.__new__(AttentionSpec)
+    spec.__setstate__(old_state)
+    assert spec == AttentionSpec(temperature=0.5) and spec.options == {}
+    entmax_spec = AttentionSpec.__new__(AttentionSpec)
+    entmax_spec.__setstate__({**old_state, "normalizer": "entmax", "alpha": 2.0})
+    assert entmax_spec == AttentionSpec(normalizer="entmax", temperature=0.5, alpha=2.0)
+
+
+def test_every_built_in_registers_with_the_decorator_and_declares_its_options():
+    import inspect
+
+    import study.attention.normalizers as builtins
+
+    source = inspect.getsource(builtins)
+    for name in ("softmax", "sparsemax", "entmax15", "entmax", "ssmax", "self_adjust"):
+        cls = NORMALIZERS[name]
+        assert f"@register_normalizer\nclass {cls.__name__}(Normalizer)" in source
+    assert dict(NORMALIZERS["entmax"].options) == {"alpha": 1.5}
+    assert dict(NORMALIZERS["ssmax"].options) == {"ssmax_scale": 0.43}
+    assert dict(NORMALIZERS["self_adjust"].options) == {"self_adjust_variant": "normalized"}

@@ -17,7 +17,7 @@ Conventions (shared by every analysis):
   1, the softmax Jacobian's norm) come from `study.metrics`, so the analyses and the training monitors give the
   same number for the same weights.
 
-Reconstructed formulas (the paper's display equations were lost; see shared/paper.md) are named
+Reconstructed formulas (the paper's display equations were lost; see docs/paper.md) are named
 `(recon)` in the analyses and in the result dictionaries.
 """
 
@@ -75,6 +75,14 @@ def flatten_rows(weights: torch.Tensor, x: torch.Tensor | None = None):
         raise ValueError(f"x has {x.shape[-2]} positions but weights have L={length}")
     xs = x.expand(*lead, length, x.shape[-1]).reshape(-1, length, x.shape[-1])
     return lead, w, xs
+
+
+def rows_and_grid(weights: torch.Tensor, x: torch.Tensor | None, ns: Sequence[int]):
+    """`flatten_rows`, then the grid of N checked against L (`check_ns`) and as a tensor on the rows' device:
+    lead, (P, L, L), (P, L, D), the sorted N, their tensor."""
+    lead, w, xs = flatten_rows(weights, x)
+    ns = check_ns(ns, w.shape[-1])
+    return lead, w, xs, ns, torch.tensor(ns, device=w.device)
 
 
 def causal_visible(length: int, device=None) -> torch.Tensor:

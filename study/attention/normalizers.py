@@ -2,7 +2,8 @@
 
 Every normaliser is an `nn.Module` so that learnable parameters (SSMax's s, entmax's alpha) live in the model's
 state dict. The contract (``weights = normalizer(scores, allowed, visible=None)``) is documented on the base
-class, `study.attention.registry.Normalizer`, where your own normaliser registers too.
+class, `study.attention.registry.Normalizer`. Each built-in registers with `@register_normalizer` and declares
+its own options (``options``: name -> default), as your own normaliser does.
 
 Rows sum to 1 for every normaliser except Self-Adjust Softmax (``sums_to_one = False``); monitors that treat a
 row as a distribution (entropy, KL to uniform, top-k mass) must check that flag.
@@ -13,11 +14,12 @@ Names: softmax, sparsemax, entmax15, entmax (alpha from the spec, optionally lea
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import entmax
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from study.attention.registry import MASK_VALUE, NORMALIZERS, Normalizer, register_normalizer
 from study.attention.select import top_k_allowed
@@ -38,6 +40,7 @@ def _per_head(values: Tensor) -> Tensor:
     return values.view(1, -1, 1, 1)
 
 
+@register_normalizer
 class Softmax(Normalizer):
     """exp(score) / sum exp(score) over allowed keys: the stock normaliser."""
 
@@ -68,6 +71,7 @@ def _threshold_input(scores: Tensor, allowed: Tensor, alpha: Tensor | float) -> 
     return torch.where(usable, scores, fill)
 
 
+@register_normalizer
 class Sparsemax(Normalizer):
     """Euclidean projection of the scores onto the simplex (Martins & Astudillo 2016), via `entmax.sparsemax`.
 
@@ -84,6 +88,7 @@ class Sparsemax(Normalizer):
         return weights.masked_fill(~allowed, 0.0)
 
 
+@register_normalizer
 class Entmax15(Normalizer):
     """1.5-entmax (Peters et al. 2019), exact sort-based, via `entmax.entmax15`.
 
@@ -103,8 +108,9 @@ class Entmax15(Normalizer):
 _ALPHA_MARGIN = 1e-3
 
 
+@register_normalizer
 class Entmax(Normalizer):
-    """alpha-entmax with ``spec.alpha`` per head, by bisection (`entmax.entmax_bisect`, differentiable in alpha).
+    """alpha-entmax with the option ``alpha`` per head, by bisection (`entmax.entmax_bisect`, differentiable in alpha).
 
     Rows sum to 1; alpha > 1 gives exact zeros (alpha -> 1 tends to softmax, 2 is sparsemax, larger is sparser).
     ``spec.learnable=True`` makes alpha a per-head parameter ("adaptively sparse" attention, Correia et al. 2019),
@@ -114,26 +120,23 @@ class Entmax(Normalizer):
     """
 
     name = "entmax"
-    options = ("alpha",)
+    options = MappingProxyType({"alpha": 1.5})
     has_parameters = True
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
         super().check_spec(spec)
-        if spec.alpha <= 1:
-            raise ValueError(f"alpha must be > 1 for entmax (alpha = 1 is softmax), got {spec.alpha!r}")
+        alpha = spec.options["alpha"]
+        if alpha <= 1:
+            raise ValueError(f"alpha must be > 1 for entmax (alpha = 1 is softmax), got {alpha!r}")
 
     def __init__(self, alpha: float, num_heads: int, learnable: bool) -> None:
         super().__init__()
-        initial = torch.full((num_heads,), float(alpha))
-        if learnable:
-            self.alpha = nn.Parameter(initial)
-        else:
-            self.register_buffer("alpha", initial)
+        self.add_per_head("alpha", alpha, num_heads, learnable)
 
     @classmethod
     def from_spec(cls, spec: AttentionSpec, num_heads: int) -> Entmax:
-        return cls(spec.alpha, num_heads, spec.is_learnable)
+        return cls(spec.options["alpha"], num_heads, spec.is_learnable)
 
     def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
         alpha = _per_head(self.alpha.float().clamp(min=1.0 + _ALPHA_MARGIN))
@@ -143,6 +146,7 @@ class Entmax(Normalizer):
         return weights.masked_fill(~allowed, 0.0)
 
 
+@register_normalizer
 class ScalableSoftmax(Normalizer):
     """Scalable-Softmax (SSMax, Nakanishi 2025): softmax(s * log(n) * z), s per head.
 
@@ -158,33 +162,30 @@ class ScalableSoftmax(Normalizer):
     s log n. Rows sum to 1.
 
     s is a per-head parameter (``spec.learnable`` None/True, as in the SSMax paper) or a fixed buffer
-    (``learnable=False``), stored as ``s`` (shape (H,)). It starts at ``spec.ssmax_scale``, default 0.43: the
+    (``learnable=False``), stored as ``s`` (shape (H,)). It starts at the option ``ssmax_scale``, default 0.43: the
     value the SSMax paper uses to illustrate the method (its Fig. 1). With it s log n = 1 at n = e^(1/0.43) ~ 10:
     rows that see fewer keys are flatter than softmax, longer rows sharper.
     """
 
     name = "ssmax"
-    options = ("ssmax_scale",)
+    options = MappingProxyType({"ssmax_scale": 0.43})
     has_parameters = True
     learnable_by_default = True
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
         super().check_spec(spec)
-        if spec.ssmax_scale <= 0:
-            raise ValueError(f"ssmax_scale must be > 0, got {spec.ssmax_scale!r}")
+        scale = spec.options["ssmax_scale"]
+        if scale <= 0:
+            raise ValueError(f"ssmax_scale must be > 0, got {scale!r}")
 
     def __init__(self, scale: float, num_heads: int, learnable: bool) -> None:
         super().__init__()
-        initial = torch.full((num_heads,), float(scale))
-        if learnable:
-            self.s = nn.Parameter(initial)
-        else:
-            self.register_buffer("s", initial)
+        self.add_per_head("s", scale, num_heads, learnable)
 
     @classmethod
     def from_spec(cls, spec: AttentionSpec, num_heads: int) -> ScalableSoftmax:
-        return cls(spec.ssmax_scale, num_heads, spec.is_learnable)
+        return cls(spec.options["ssmax_scale"], num_heads, spec.is_learnable)
 
     def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
         if visible is None:
@@ -193,10 +194,11 @@ class ScalableSoftmax(Normalizer):
         return masked_softmax(scores * (_per_head(self.s.to(scores.dtype)) * log_n), allowed)
 
 
+@register_normalizer
 class SelfAdjustSoftmax(Normalizer):
     """Self-Adjust Softmax (SA-Softmax, Zheng et al. 2025, arXiv 2502.18277), over the allowed keys of each row.
 
-    ``spec.self_adjust_variant``:
+    The option ``self_adjust_variant``:
     - "normalized" (default): (z - min(z_min, 0)) / (max(0, z_max) - min(z_min, 0)) * softmax(z), with z_min and
       z_max over the allowed keys. Weights lie in [0, 1]; the factor is 0 for the smallest score when it is
       negative, so a row with one key of negative score gets weight 0, one with a positive score gets 1. A row of
@@ -209,8 +211,16 @@ class SelfAdjustSoftmax(Normalizer):
     """
 
     name = "self_adjust"
-    options = ("self_adjust_variant",)
+    options = MappingProxyType({"self_adjust_variant": "normalized"})
+    variants = ("normalized", "plain")
     sums_to_one = False
+
+    @classmethod
+    def check_spec(cls, spec: AttentionSpec) -> None:
+        super().check_spec(spec)
+        variant = spec.options["self_adjust_variant"]
+        if variant not in cls.variants:
+            raise ValueError(f"unknown self_adjust_variant {variant!r}; choose one of {list(cls.variants)}")
 
     def __init__(self, variant: str = "normalized") -> None:
         super().__init__()
@@ -218,7 +228,7 @@ class SelfAdjustSoftmax(Normalizer):
 
     @classmethod
     def from_spec(cls, spec: AttentionSpec, num_heads: int) -> SelfAdjustSoftmax:
-        return cls(spec.self_adjust_variant)
+        return cls(spec.options["self_adjust_variant"])
 
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}"
@@ -236,9 +246,6 @@ class SelfAdjustSoftmax(Normalizer):
             factor = (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
         return (factor * probs).masked_fill(~allowed, 0.0)
 
-
-for _builtin in (Softmax, Sparsemax, Entmax15, Entmax, ScalableSoftmax, SelfAdjustSoftmax):
-    register_normalizer(_builtin)
 
 __all__ = [
     "MASK_VALUE",

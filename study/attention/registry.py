@@ -6,10 +6,15 @@ import it, and it imports neither. A user-defined normaliser is a `Normalizer` s
     @register_normalizer
     class Capped(Normalizer):
         name = "capped"
+        options = {"cap": 5.0}                      # its own option and the default
+        @classmethod
+        def from_spec(cls, spec, num_heads):
+            return cls(spec.options["cap"])
         def forward(self, scores, allowed, visible=None): ...
 
-after which ``AttentionSpec(normalizer="capped")`` works everywhere a built-in name does (apply_attention_spec,
-`attend`, the monitors, `study analyze` on a model carrying it). Processes that never ran the registering code
+after which ``AttentionSpec(normalizer="capped", options={"cap": 3.0})`` works everywhere a built-in name does
+(apply_attention_spec, `attend`, the monitors, `study analyze` on a model carrying it). The built-ins register
+the same way (`study.attention.normalizers`). Processes that never ran the registering code
 (a ``study fit`` CLI, spawned DDP workers, a checkpoint loaded elsewhere) can name the class by import path
 instead, ``"my_package.my_module:Capped"``: the first lookup imports it and registers it under that path.
 """
@@ -17,7 +22,8 @@ instead, ``"my_package.my_module:Capped"``: the first lookup imports it and regi
 from __future__ import annotations
 
 import importlib
-from dataclasses import fields
+import math
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -26,9 +32,6 @@ from torch import Tensor, nn
 
 # Finite stand-in for -inf: -inf gives NaN on rows with no allowed key (exp(-inf - -inf)).
 MASK_VALUE = torch.finfo(torch.float32).min
-
-# Spec fields that only some normalisers read; the others require the default (see `Normalizer.check_spec`).
-SPEC_OPTIONS = ("alpha", "ssmax_scale", "self_adjust_variant")
 
 
 class Normalizer(nn.Module):
@@ -45,7 +48,10 @@ class Normalizer(nn.Module):
     - ``weights``: same shape as ``scores``, zero wherever ``allowed`` is False.
 
     Class attributes:
-        options: the `AttentionSpec` option fields this normaliser reads (alpha, ssmax_scale, ...).
+        options: the normaliser's own options, name -> default. ``AttentionSpec(options={...})`` sets them (YAML:
+            ``model.attention.options``); `from_spec` reads them, complete with defaults, from ``spec.options``.
+            A value must have its default's type (a finite number for a number, a string for a string, a bool
+            for a bool); `check_spec` adds the normaliser's own checks.
         has_parameters: whether ``spec.learnable = True`` means anything.
         learnable_by_default: what ``spec.learnable = None`` resolves to.
         sums_to_one: whether every row with an allowed key sums to 1 (monitors that treat a row as a
@@ -53,7 +59,7 @@ class Normalizer(nn.Module):
     """
 
     name: ClassVar[str]
-    options: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[Mapping[str, object]] = MappingProxyType({})
     has_parameters: ClassVar[bool] = False
     learnable_by_default: ClassVar[bool] = False
     sums_to_one: ClassVar[bool] = True
@@ -62,27 +68,53 @@ class Normalizer(nn.Module):
     def check_spec(cls, spec) -> None:
         """Reject spec combinations this normaliser cannot take (raise ValueError naming the value).
 
-        The base check rejects options meant for another normaliser and ``learnable=True`` without parameters:
-        both would otherwise be silently ignored. Subclasses add their own checks after calling it.
+        ``spec.options`` holds every option of this normaliser (defaults filled in) and those the spec was given.
+        The base check rejects options this normaliser does not declare, values of another type than the
+        option's default, and ``learnable=True`` without parameters: each would otherwise be silently ignored or
+        fail later. Subclasses add their own checks after calling it.
         """
-        defaults = {f.name: f.default for f in fields(spec)}
-        for option in SPEC_OPTIONS:
-            value = getattr(spec, option)
-            if option not in cls.options and value != defaults[option]:
-                raise ValueError(
-                    f"{option}={value!r} has no effect with normalizer {cls.name!r}; leave it at its default "
-                    f"{defaults[option]!r}"
-                )
+        named = spec.normalizer  # as the spec names it (a registered name or a "module:Class" path)
+        for option, value in spec.options.items():
+            if option not in cls.options:
+                takes = f"its options are {sorted(cls.options)}" if cls.options else "it takes no options"
+                raise ValueError(f"{option}={value!r} has no effect with normalizer {named!r}; {takes}")
+            problem = _type_problem(cls.options[option], value)
+            if problem:
+                raise ValueError(f"{option} of normalizer {named!r} must be {problem}, got {value!r}")
         if spec.learnable and not cls.has_parameters:
-            raise ValueError(f"learnable=True but normalizer {cls.name!r} has no parameters to learn")
+            raise ValueError(f"learnable=True but normalizer {named!r} has no parameters to learn")
 
     @classmethod
     def from_spec(cls, spec, num_heads: int) -> Normalizer:
         """The module for one attention layer with ``num_heads`` query heads (parameters per head, if any)."""
         return cls()
 
+    def add_per_head(self, name: str, value: float, num_heads: int, learnable: bool) -> None:
+        """Store ``value`` for each of ``num_heads`` heads as ``self.<name>`` (shape (H,)): a parameter that trains
+        when ``learnable``, else a fixed buffer; either way it is saved in the state dict."""
+        initial = torch.full((num_heads,), float(value))
+        if learnable:
+            setattr(self, name, nn.Parameter(initial))
+        else:
+            self.register_buffer(name, initial)
+
     def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
         raise NotImplementedError
+
+
+def _type_problem(default: object, value: object) -> str | None:
+    """What ``value`` should be, given the option's ``default``, or None when it fits (ints pass for floats)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "True or False"
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return "a finite number"
+        if isinstance(default, int) and not isinstance(value, int):
+            return "an integer"
+        return None
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "a string"
+    return None
 
 
 _REGISTRY: dict[str, type[Normalizer]] = {}
@@ -104,10 +136,9 @@ def register_normalizer(cls: type[Normalizer], *, name: str | None = None) -> ty
         raise ValueError(f"{cls.__name__} needs a non-empty string `name` to be registered, got {name!r}")
     if cls.forward is Normalizer.forward:
         raise TypeError(f"{cls.__name__} does not implement forward(scores, allowed, visible=None)")
-    bad = set(cls.options) - set(SPEC_OPTIONS)
-    if bad:
-        raise ValueError(f"{cls.__name__}.options names {sorted(bad)}, which are not AttentionSpec options "
-                         f"{list(SPEC_OPTIONS)}; keep a normaliser's own constants on the class")
+    if not isinstance(cls.options, Mapping) or not all(isinstance(k, str) and k for k in cls.options):
+        raise TypeError(f"{cls.__name__}.options must map option names to their defaults, e.g. "
+                        f"{{'alpha': 1.5}}, got {cls.options!r}")
     if _REGISTRY.get(name, cls) is not cls:
         raise ValueError(f"normalizer name {name!r} is already registered to {_REGISTRY[name].__qualname__}")
     _REGISTRY[name] = cls
@@ -132,4 +163,4 @@ def normalizer_class(name: str) -> type[Normalizer]:
     )
 
 
-__all__ = ["MASK_VALUE", "NORMALIZERS", "SPEC_OPTIONS", "Normalizer", "normalizer_class", "register_normalizer"]
+__all__ = ["MASK_VALUE", "NORMALIZERS", "Normalizer", "normalizer_class", "register_normalizer"]

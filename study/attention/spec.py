@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
 # The built-in normalisers register themselves on import; the registry itself sits below both modules.
 from study.attention import normalizers as _builtins  # noqa: F401
 from study.attention.registry import normalizer_class
 
-SELF_ADJUST_VARIANTS = ("normalized", "plain")
+# Options of built-in normalisers that configs name as keys of their own (`model.attention.alpha: 2`): each is the
+# same as `options: {alpha: 2}`. New options belong in `options` only.
+OPTION_KEYS = ("alpha", "ssmax_scale", "self_adjust_variant")
 
 
 @dataclass(frozen=True)
@@ -27,15 +30,17 @@ class AttentionSpec:
             both attention paths and in the analyses, `study.attention.select`). A row that sees fewer than k keys
             keeps them all.
         layers: indices of the layers the spec applies to; None means all. Other layers keep stock attention.
-        alpha: the alpha of ``normalizer="entmax"`` (alpha-entmax; 1 would be softmax, 2 is sparsemax); > 1.
         learnable: whether the normaliser's parameter trains (entmax: alpha per head; ssmax: s per head).
             None means the normaliser's default: True for ssmax (as in the SSMax paper), False for entmax.
             True on a normaliser without parameters is rejected.
-        ssmax_scale: initial (or fixed) s of ``normalizer="ssmax"``, per head; finite and > 0.
-        self_adjust_variant: ``normalizer="self_adjust"`` only: "normalized" or "plain" (see `SelfAdjustSoftmax`).
+        options: the normaliser's own options, by name (``{"alpha": 2.0}`` for entmax); the normaliser declares
+            them with their defaults (`Normalizer.options`) and checks their values. After construction it holds
+            every option of the normaliser, defaults filled in. An option the normaliser does not declare is
+            rejected: it would be silently ignored.
+        alpha, ssmax_scale, self_adjust_variant: the built-ins' options under keys of their own (as configs
+            write them): ``alpha=2.0`` is ``options={"alpha": 2.0}``. After construction each holds the resolved
+            value when the normaliser has that option, else None.
 
-    Options that only one normaliser reads (alpha, ssmax_scale, self_adjust_variant) must keep their default
-    under any other normaliser: a value that would be silently ignored is rejected instead.
     Validation happens at construction, so a bad value fails before any model or data is touched.
     """
 
@@ -43,10 +48,11 @@ class AttentionSpec:
     temperature: float = 1.0
     top_k: int | None = None
     layers: tuple[int, ...] | None = None
-    alpha: float = 1.5
     learnable: bool | None = None
-    ssmax_scale: float = 0.43
-    self_adjust_variant: str = "normalized"
+    options: dict[str, Any] | None = None
+    alpha: float | None = None
+    ssmax_scale: float | None = None
+    self_adjust_variant: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.normalizer, str):
@@ -66,17 +72,43 @@ class AttentionSpec:
             if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
                 raise ValueError(f"layers must be non-negative layer indices, got {self.layers!r}")
             object.__setattr__(self, "layers", layers)
-        for name in ("alpha", "ssmax_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.learnable is not None and not isinstance(self.learnable, bool):
             raise ValueError(f"learnable must be None, True or False, got {self.learnable!r}")
-        if self.self_adjust_variant not in SELF_ADJUST_VARIANTS:
-            raise ValueError(
-                f"unknown self_adjust_variant {self.self_adjust_variant!r}; choose one of {list(SELF_ADJUST_VARIANTS)}"
-            )
+        given = self._given_options()
+        object.__setattr__(self, "options", {**normalizer.options, **given})
+        for key in OPTION_KEYS:  # mirrors of the resolved options (None where the normaliser has no such option)
+            object.__setattr__(self, key, self.options.get(key))
         normalizer.check_spec(self)
+
+    def _given_options(self) -> dict[str, Any]:
+        """The options given, by `options` and by their own keys; one option given twice must agree."""
+        if self.options is not None and not (
+            isinstance(self.options, dict) and all(isinstance(k, str) for k in self.options)
+        ):
+            raise ValueError(f"options must map option names to values, got {self.options!r}")
+        given = dict(self.options or {})
+        for key in OPTION_KEYS:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if key in given and given[key] != value:
+                raise ValueError(f"{key} is given twice, {key}={value!r} and options[{key!r}]={given[key]!r}")
+            given[key] = value
+        return given
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A spec pickled before normalisers declared their options (a checkpoint's hyperparameters) has no
+        # `options` and every built-in option at its old default: keep those of its own normaliser.
+        if state.get("options") is None:
+            declared = normalizer_class(state["normalizer"]).options
+            kept = {k: state[k] for k in OPTION_KEYS if k in declared and state.get(k) is not None}
+            state = {**state, **dict.fromkeys(OPTION_KEYS), "options": kept}
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def __hash__(self) -> int:  # `options` is a dict: hash its items
+        return hash((self.normalizer, self.temperature, self.top_k, self.layers, self.learnable,
+                     tuple(sorted(self.options.items()))))
 
     @property
     def is_stock_softmax(self) -> bool:
@@ -91,10 +123,16 @@ class AttentionSpec:
 
     def as_hparams(self) -> dict[str, object]:
         """Flat, TensorBoard-friendly hyperparameters (HParams needs scalars; None becomes 0 = all keys)."""
-        hparams = asdict(self)
-        hparams["top_k"] = self.top_k or 0
-        hparams["layers"] = "all" if self.layers is None else ",".join(map(str, self.layers))
-        hparams["learnable"] = self.is_learnable
+        hparams: dict[str, object] = {
+            "normalizer": self.normalizer,
+            "temperature": self.temperature,
+            "top_k": self.top_k or 0,
+            "layers": "all" if self.layers is None else ",".join(map(str, self.layers)),
+            "learnable": self.is_learnable,
+        }
+        # the normaliser's own options, each a column of its own (a value HParams cannot show becomes its repr)
+        for key, value in self.options.items():
+            hparams[key] = value if isinstance(value, (bool, int, float, str)) else repr(value)
         return hparams
 
     @property

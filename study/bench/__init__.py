@@ -4,9 +4,9 @@
     study bench --gpu-suite       the prepared GPU command (GPT-2 124M at L = 512, 1024, 2048; parity; MFU)
     python scripts/bench.py ...   (the same)
 
-Modules: `shapes` (what is measured), `timing` (interleaved Lightning steps), `memory` (peak of one step),
-`parity` (every path against stock), `budgets` (ratios and verdicts), `run` (all of it), `markdown` (the
-tables), `cli` (arguments).
+Modules: `command` (arguments, then dispatch), `shapes` (what is measured), `timing` (interleaved Lightning
+steps, timed by `study.callbacks.steptime` as the sweep's estimate is), `memory` (peak of one step), `parity`
+(every path against stock), `budgets` (ratios and verdicts), `suite` (all of it), `markdown` (the tables).
 
 What is measured, in ONE process:
 

@@ -13,7 +13,8 @@ BUDGETS = (
 )
 
 
-def _ratio(a, b):
+def ratio_or_none(a, b):
+    """a / b, or None when either is missing or b is not positive."""
     return None if a is None or b is None or b <= 0 else a / b
 
 
@@ -22,11 +23,11 @@ def budgets(rows: list[dict], settings: Settings) -> list[dict]:
     step = {name: r["time"].get("step_s") for name, r in by.items()}
     mem = {name: r.get("memory", {}).get("peak_bytes") for name, r in by.items()}
     temp = f"temperature T={settings.temperature}"
-    out = [{"budget": BUDGETS[0][0], "variant": temp, "ratio": _ratio(step.get(temp), step.get("stock sdpa")),
+    out = [{"budget": BUDGETS[0][0], "variant": temp, "ratio": ratio_or_none(step.get(temp), step.get("stock sdpa")),
             "limit": BUDGETS[0][1]}]
     for k in settings.top_ks:
         name = f"top-k k={k}"
-        out.append({"budget": BUDGETS[1][0], "variant": name, "ratio": _ratio(step.get(name), step.get("stock eager")),
+        out.append({"budget": BUDGETS[1][0], "variant": name, "ratio": ratio_or_none(step.get(name), step.get("stock eager")),
                     "limit": BUDGETS[1][1]})
     for n in settings.monitor_every:
         name = f"T={settings.temperature} + monitors every {n}"
@@ -38,9 +39,9 @@ def budgets(rows: list[dict], settings: Settings) -> list[dict]:
             limit = BUDGETS[2]
         else:
             limit = (f"monitors every {n} / no monitors", None)
-        out.append({"budget": limit[0], "variant": name, "ratio": _ratio(step.get(name), step.get(temp)),
+        out.append({"budget": limit[0], "variant": name, "ratio": ratio_or_none(step.get(name), step.get(temp)),
                     "limit": limit[1]})
-        out.append({"budget": BUDGETS[4][0], "variant": name, "ratio": _ratio(mem.get(name), mem.get(temp)),
+        out.append({"budget": BUDGETS[4][0], "variant": name, "ratio": ratio_or_none(mem.get(name), mem.get(temp)),
                     "limit": BUDGETS[4][1]})
     for b in out:
         b["verdict"] = ("n/a" if b["ratio"] is None or b["limit"] is None

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from study.bench.budgets import _ratio
+from study.bench.budgets import ratio_or_none
 
 
 def _fmt(value, spec=".3f"):
@@ -46,7 +46,7 @@ def to_markdown(result: dict) -> str:
                 path += ", taps on logging steps"
             cells = [r["name"] + (" (FAILED)" if "error" in r else ""), path, _fmt(step and step * 1e3, ".1f"),
                      _fmt(r["ratio_vs_sdpa"]), _fmt(r["ratio_vs_eager"]), _fmt(r["tokens_per_s"], ".0f"),
-                     _fmt(peak and peak / 2**20, ".1f"), _fmt(_ratio(peak, mem0))]
+                     _fmt(peak and peak / 2**20, ".1f"), _fmt(ratio_or_none(peak, mem0))]
             if gpu:
                 cells.append(_fmt(r.get("mfu"), ".1%"))
             lines.append("| " + " | ".join(cells) + " |")

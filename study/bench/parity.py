@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from study.bench.shapes import Settings, Shape, Variant
-from study.bench.timing import _module
+from study.bench.timing import build_module
 
 # The bf16 loss error a path may show: this many times stock SDPA's own, and never less than FLOOR.
 BF16_FACTOR = 3.0
@@ -52,7 +52,7 @@ def _parity_module(shape: Shape, variant: Variant, device: str):
     """
     from study.attention import attention_modules
 
-    module = _module(shape, variant)
+    module = build_module(shape, variant)
     with torch.no_grad():
         for attention in attention_modules(module.model):
             for p in attention.parameters():

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from study.bench.budgets import _ratio, budgets
+from study.bench.budgets import budgets, ratio_or_none
 from study.bench.memory import measure_memory
 from study.bench.parity import check_parity
 from study.bench.shapes import Settings, monitor_classes, variants
-from study.bench.timing import _module, summarise_times, time_one_at_a_time, time_variants
+from study.bench.timing import build_module, summarise_times, time_one_at_a_time, time_variants
 from study.progress import Progress
 
 
@@ -96,7 +96,7 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
                               enabled=show_progress) as bar:
                     timed = time_variants(shape, vs, settings, classes, log_root, tick=bar.advance)
             warmup = 0 if timed.get("warmup_dropped") else settings.warmup
-            params = sum(p.numel() for p in _module(shape, vs[0]).parameters())
+            params = sum(p.numel() for p in build_module(shape, vs[0]).parameters())
             every_step = next((v.name for v in vs if v.monitor_every == 1), None)
             fallback = None
             if every_step and timed["records"][every_step][warmup:]:
@@ -125,8 +125,8 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
             tokens = shape.batch_size * shape.seq_len
             for row in rows:
                 step = row["time"].get("step_s")
-                row["ratio_vs_sdpa"] = _ratio(step, sdpa)
-                row["ratio_vs_eager"] = _ratio(step, eager)
+                row["ratio_vs_sdpa"] = ratio_or_none(step, sdpa)
+                row["ratio_vs_eager"] = ratio_or_none(step, eager)
                 row["tokens_per_s"] = None if not step else tokens / step
                 if gpu and step:
                     row["mfu"] = 6 * params * row["tokens_per_s"] / settings.peak_flops

@@ -10,18 +10,15 @@ import shutil
 import statistics
 import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities.types import STEP_OUTPUT
-from typing_extensions import override
 
 from study.bench.shapes import Settings, Shape, Variant
+from study.callbacks.steptime import StepTimer
 
 
 class Baton:
@@ -64,46 +61,32 @@ class Baton:
             self.cv.notify_all()
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def _step_timer(name: str, baton: Baton | None, warmup: int, chunk: int) -> StepTimer:
+    """A step timer that, with a baton, waits for the variant's turn before a step (never timed) and passes the
+    turn on after the warm-up steps and then after every ``chunk`` steps."""
+    if baton is None:
+        return StepTimer()
+    count = 0
+
+    def take_turn(trainer: L.Trainer) -> None:
+        nonlocal count
+        if count == 0:
+            baton.wait(name)
+        elif count >= warmup and (count - warmup) % chunk == 0:
+            baton.pass_on(name)
+            baton.wait(name)
+        count += 1
+
+    return StepTimer(take_turn)
 
 
-def _make_callbacks(name: str, baton: Baton | None, warmup: int, chunk: int, device: str, record: list,
-                    monitor_every: int | None):
-    from lightning.pytorch.callbacks import Callback
-
-    class Start(Callback):
-        def __init__(self) -> None:
-            self.count = 0
-
-        @override
-        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                                 batch_idx: int) -> None:
-            if baton is not None:
-                if self.count == 0:
-                    baton.wait(name)
-                elif self.count >= warmup and (self.count - warmup) % chunk == 0:
-                    baton.pass_on(name)
-                    baton.wait(name)
-            self.count += 1
-            self.logging = monitor_every is not None and trainer.global_step % monitor_every == 0
-            _sync(device)
-            self.t0 = time.perf_counter()
-
-    start = Start()
-
-    class Stop(Callback):
-        @override
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT,
-                               batch: Any, batch_idx: int) -> None:
-            _sync(device)
-            record.append((time.perf_counter() - start.t0, start.logging))
-
-    return start, Stop()
+def _flag_logging(records: list[tuple[float, int]], monitor_every: int | None) -> list[tuple[float, bool]]:
+    """(seconds, global step) -> (seconds, whether the monitors logged on that step)."""
+    return [(seconds, monitor_every is not None and step % monitor_every == 0) for seconds, step in records]
 
 
-def _module(shape: Shape, variant: Variant, seed: int = 0):
+def build_module(shape: Shape, variant: Variant, seed: int = 0):
+    """The `CausalLMModule` of ``variant`` at ``shape``, seeded: every pass of the bench builds its model here."""
     from study.attention import AttentionSpec
     from study.model import CausalLMModule
 
@@ -140,14 +123,16 @@ def llama_folder(shape: Shape) -> Path:
     return folder
 
 
-def _loader(shape: Shape, steps: int, seed: int = 0):
+def random_loader(shape: Shape, steps: int, seed: int = 0):
+    """``steps`` batches of random token blocks of ``shape`` (the bench times steps, not data)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(shape.vocab_size, (steps * shape.batch_size, shape.seq_len), generator=gen)
     data = [{"input_ids": row} for row in ids]
     return torch.utils.data.DataLoader(data, batch_size=shape.batch_size, shuffle=False)
 
 
-def _trainer(settings: Settings, steps: int, callbacks: list, log_dir: str):
+def bench_trainer(settings: Settings, steps: int, callbacks: list, log_dir: str):
+    """A quiet Trainer of ``steps`` steps with ``callbacks``, as every pass of the bench runs them."""
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -160,7 +145,8 @@ def _trainer(settings: Settings, steps: int, callbacks: list, log_dir: str):
     )
 
 
-def _monitors(classes: list[type], every: int | None) -> list:
+def monitor_callbacks(classes: list[type], every: int | None) -> list:
+    """One of each monitor class logging every ``every`` steps; none for ``every=None``."""
     return [] if every is None else [cls(every_n_steps=every) for cls in classes]
 
 
@@ -185,12 +171,14 @@ def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: 
 
     def run(variant: Variant) -> None:
         try:
-            module = _module(shape, variant)
-            start, stop = _make_callbacks(variant.name, baton, settings.warmup, settings.chunk, settings.device,
-                                          records[variant.name], variant.monitor_every)
+            module = build_module(shape, variant)
+            timer = _step_timer(variant.name, baton, settings.warmup, settings.chunk)
             log_dir = os.path.join(log_root, f"{shape.name}-{len(records)}-{abs(hash(variant.name))}")
-            trainer = _trainer(settings, steps, [start, *_monitors(classes, variant.monitor_every), stop], log_dir)
-            trainer.fit(module, train_dataloaders=_loader(shape, steps))
+            trainer = bench_trainer(settings, steps, timer.around(monitor_callbacks(classes, variant.monitor_every)), log_dir)
+            try:
+                trainer.fit(module, train_dataloaders=random_loader(shape, steps))
+            finally:
+                records[variant.name] = _flag_logging(timer.records, variant.monitor_every)
         except BaseException:  # a failing variant must not hang the others
             errors[variant.name] = traceback.format_exc(limit=4)
         finally:
@@ -216,20 +204,18 @@ def time_one_at_a_time(shape: Shape, vs: list[Variant], settings: Settings, clas
         for variant in vs:
             if variant.name in errors:
                 continue
-            steps: list = []
+            timer = StepTimer()
             try:
-                module = _module(shape, variant)
-                start, stop = _make_callbacks(variant.name, None, settings.warmup, settings.chunk, settings.device,
-                                              steps, variant.monitor_every)
+                module = build_module(shape, variant)
                 log_dir = os.path.join(log_root, f"{shape.name}-{round_index}-{abs(hash(variant.name))}")
-                trainer = _trainer(settings, settings.warmup + settings.chunk,
-                                   [start, *_monitors(classes, variant.monitor_every), stop], log_dir)
-                trainer.fit(module, train_dataloaders=_loader(shape, settings.warmup + settings.chunk))
+                trainer = bench_trainer(settings, settings.warmup + settings.chunk,
+                                   timer.around(monitor_callbacks(classes, variant.monitor_every)), log_dir)
+                trainer.fit(module, train_dataloaders=random_loader(shape, settings.warmup + settings.chunk))
             except BaseException:  # reported per variant, the others go on
                 errors[variant.name] = traceback.format_exc(limit=4)
             # Warm-up steps of every fit are dropped here; the caller's summary then drops none.
-            records[variant.name] += steps[settings.warmup:]
-            del steps
+            records[variant.name] += _flag_logging(timer.records, variant.monitor_every)[settings.warmup:]
+            del timer
             gc.collect()
             if tick is not None:
                 tick(f"{variant.name}, round {round_index + 1}")

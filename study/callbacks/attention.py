@@ -117,7 +117,7 @@ class SelectionUniformityMonitor(TapMonitor):
         ``effective_support``  exp(H), the number of keys a uniform row with the same entropy covers;
         ``nonzero``            weights that are not exactly zero (the support of sparse normalisers / top-k);
         ``saturated``          fraction of rows whose max weight exceeds 0.99 (their Jacobian is ~0 at any T);
-        ``topk_mass_k{k}``     weight on the k largest entries, for each k in ``topk``;
+        ``topk_mass_k{k}``     weight on the k largest entries, for each k in ``selection_ks``;
         ``selection_tv_k{k}``  TV between the renormalised top-k weights and uniform over k (0 = the selected
                                keys are weighted equally: the paper's "selection tends to uniform");
         ``selection_entropy_k{k}``  entropy (nats) of the renormalised top-k weights (log k = uniform). Within a
@@ -139,13 +139,15 @@ class SelectionUniformityMonitor(TapMonitor):
     Args:
         every_n_steps: tap and log every this many optimizer steps.
         validation: also aggregate over each validation epoch and log ``val/...``.
-        topk: the k of the top-k statistics.
+        selection_ks: the k of the top-k statistics (what they measure of each row; not the spec's `top_k`,
+            which selects keys).
+        topk: the former name of ``selection_ks``, refused with a message naming it.
         per_head: also log one scalar per head.
         by_visible: also log max weight and H / log n per bin of the visible count n.
 
     Example::
 
-        trainer = L.Trainer(callbacks=[SelectionUniformityMonitor(every_n_steps=100, topk=(1, 8))])
+        trainer = L.Trainer(callbacks=[SelectionUniformityMonitor(every_n_steps=100, selection_ks=(1, 8))])
     """
 
     STATISTICS = ("kl_uniform", "tv_uniform", "max_weight", "effective_support", "nonzero", "saturated")
@@ -154,21 +156,25 @@ class SelectionUniformityMonitor(TapMonitor):
         self,
         every_n_steps: int = 50,
         validation: bool = True,
-        topk: Sequence[int] = (1, 4, 16),
+        selection_ks: Sequence[int] = (1, 4, 16),
         per_head: bool = False,
         by_visible: bool = True,
+        topk: Sequence[int] | None = None,
     ) -> None:
         super().__init__(every_n_steps, validation)
-        topk = tuple(topk)
-        if not all(isinstance(k, int) and k >= 1 for k in topk):
-            raise ValueError(f"topk must be integers >= 1, got {topk!r}")
-        self.topk = topk
+        if topk is not None:  # kept in the signature so that an old config gets this message, not "unknown key"
+            raise ValueError(f"SelectionUniformityMonitor's `topk` is now `selection_ks` (the k of its statistics, "
+                             f"not the spec's top_k selection): write selection_ks: {list(topk)}")
+        selection_ks = tuple(selection_ks)
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in selection_ks):
+            raise ValueError(f"selection_ks must be integers >= 1, got {selection_ks!r}")
+        self.selection_ks = selection_ks
         self.per_head = per_head
         self.by_visible = by_visible
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         rows = row_distribution(weights, spec)
-        sums = summarize_rows(rows, allowed, topk=self.topk)
+        sums = summarize_rows(rows, allowed, selection_ks=self.selection_ks)
         sums.pop("entropy")
         sums.pop("normalized_entropy")
         if self.by_visible:
@@ -179,7 +185,7 @@ class SelectionUniformityMonitor(TapMonitor):
         binned = {layer: {k: s.pop(k) for k in list(s) if k.startswith("by_n/")} for layer, s in sums.items()}
         means = {layer: finalize(s) for layer, s in sums.items()}
         names = list(self.STATISTICS)
-        for k in self.topk:
+        for k in self.selection_ks:
             names += [f"topk_mass/{k}", f"selection_tv/{k}", f"selection_entropy/{k}"]
         out: dict[str, Tensor] = {}
         for name in names:

@@ -302,7 +302,7 @@ def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     return _head_sums(per_row, valid, nondegenerate)
 
 
-def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
+def summarize_rows(weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
     """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
 
     Sums (not means) so that calls over several batches, layers or processes can be added and divided once
@@ -312,7 +312,7 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
     rows_nondegenerate    rows with n >= 2 (the divisor of normalized_entropy)
     entropy, normalized_entropy, kl_uniform, tv_uniform, max_weight, effective_support, nonzero,
     saturated             1 for rows whose max weight exceeds SATURATED (0.99), so its mean is a fraction,
-    topk_mass/{k}, selection_tv/{k}, selection_entropy/{k}  for each k in `topk`.
+    topk_mass/{k}, selection_tv/{k}, selection_entropy/{k}  for each k in `selection_ks`.
 
     Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
     topk with the largest k whose values serve every k.
@@ -327,7 +327,7 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
     nonzero = (w != 0).sum(-1)
 
     # One topk with the largest k; every smaller k reads a prefix of it.
-    kmax = min(max(topk), Lk) if topk else 1
+    kmax = min(max(selection_ks), Lk) if selection_ks else 1
     top = w.topk(kmax, dim=-1).values  # (B, H, Lq, kmax), descending
     cum = top.cumsum(-1)
 
@@ -341,7 +341,7 @@ def summarize_rows(weights: Tensor, allowed: Tensor, topk: tuple[int, ...] = (1,
         "nonzero": (nonzero, valid),
         "saturated": (top[..., 0] > SATURATED, valid),
     }
-    for k in topk:
+    for k in selection_ks:
         per_row[f"topk_mass/{k}"] = (cum[..., min(k, kmax) - 1], valid)
         per_row[f"selection_tv/{k}"] = (_selection_tv_from_sorted(top, cum, n, k), valid)
         per_row[f"selection_entropy/{k}"] = (_selection_entropy_from_sorted(top, cum, n, k), valid)

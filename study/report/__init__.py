@@ -4,7 +4,7 @@
 
 Reads `plan.json` (or every run folder with a status.json), each run's events (TensorBoard's EventAccumulator,
 which also drops the steps a resumed run logged twice), and the runs' status files. Every tag it reads is in
-`study.report.tags`. Missing tags are reported as "not logged"; numbers in the report are logged values or
+`study.report.sources`. Missing tags are reported as "not logged"; numbers in the report are logged values or
 statistics of them, never filled in.
 """
 

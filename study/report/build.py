@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from study.report import markdown as md
-from study.report import tags
+from study.report import sources
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, findings, sanity_checks
 from study.report.read import load_sweep, read_json
@@ -20,8 +20,8 @@ from study.report.stats import Family, family_level, simultaneous
 from study.report.summary import Summary, dedupe, summarize
 
 WANTED_TAGS = (
-    tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K,
-    tags.JACOBIAN, tags.FRAC_ABOVE_QUARTER_T, tags.FRAC_ABOVE_SQRT2, tags.FRAC_SATURATED, tags.SATURATED_ROWS,
+    sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.GRAD_NORM, sources.GRAD_Q, sources.GRAD_K,
+    sources.JACOBIAN, sources.FRAC_ABOVE_QUARTER_T, sources.FRAC_ABOVE_SQRT2, sources.FRAC_SATURATED, sources.SATURATED_ROWS,
 )  # fmt: skip
 
 

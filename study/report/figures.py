@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from study.report import sources
 from study.report import summary as S
-from study.report import tags
 from study.report.findings import k_all, per_t
 from study.report.summary import Summary
 
@@ -47,7 +47,7 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
     plt = _plt()
     temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, tag in zip(axes, (tags.TRAIN_LOSS, tags.VAL_PPL)):
+    for ax, tag in zip(axes, (sources.TRAIN_LOSS, sources.VAL_PPL)):
         for s in summaries:
             series = s.series(tag)
             if series:
@@ -59,7 +59,7 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
     axes[1].set_yscale("log")
     axes[1].legend(fontsize=6, ncol=2, loc="upper right")
     _save(fig, out / "curves.png")
-    return f"{tags.TRAIN_LOSS} and {tags.VAL_PPL} per run (colour: T, line style: k)"
+    return f"{sources.TRAIN_LOSS} and {sources.VAL_PPL} per run (colour: T, line style: k)"
 
 
 def sensitivity(summaries: list[Summary], out: Path) -> str | None:
@@ -102,7 +102,7 @@ def sensitivity(summaries: list[Summary], out: Path) -> str | None:
 def dilution(summaries: list[Summary], out: Path) -> str | None:
     """Lemma 1 in training: validation max weight and H/log n vs the visible count n, one line per run (k = all)."""
     runs = [s for s in k_all(summaries) if s.run is not None]
-    data = [(s, S.last_by_group(s.run, tags.BY_VISIBLE_MAX_WEIGHT), S.last_by_group(s.run, tags.BY_VISIBLE_ENTROPY)) for s in runs]
+    data = [(s, S.last_by_group(s.run, sources.BY_VISIBLE_MAX_WEIGHT), S.last_by_group(s.run, sources.BY_VISIBLE_ENTROPY)) for s in runs]
     data = [d for d in data if d[1]]
     if not data:
         return None
@@ -126,7 +126,7 @@ def dilution(summaries: list[Summary], out: Path) -> str | None:
 
 
 def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
-    logged = [t for t in tags.ATTENTION_TAGS if any(s.final.get(t) is not None for s in summaries)]
+    logged = [t for t in sources.ATTENTION_TAGS if any(s.final.get(t) is not None for s in summaries)]
     if not logged:
         return None
     plt = _plt()
@@ -137,7 +137,7 @@ def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
             if data:
                 ax.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=f"k={k}")
         ax.set(xscale="log", xlabel="temperature T")
-        ax.set_title(tags.ATTENTION_TAGS[tag], fontsize=9)
+        ax.set_title(sources.ATTENTION_TAGS[tag], fontsize=9)
     axes[0][0].legend(fontsize=7)
     _save(fig, out / "attention_vs_T.png")
     return "final validation entropy and distance to uniform vs T (mean over seeds)"
@@ -172,7 +172,7 @@ def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
     for i, t in enumerate(temps):
         for j, k in enumerate(ks):
             cell = [s for s in summaries if s.temperature == t and s.k_label == k]
-            ppl = [p for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
+            ppl = [p for s in cell if not s.diverged and (p := s.final.get(sources.VAL_PPL))]
             if ppl:
                 grid[i, j] = float(np.exp(np.mean(np.log(ppl))))
                 text[i][j] = f"{grid[i, j]:.3g}"
@@ -198,8 +198,8 @@ def normalizers(summaries: list[Summary], out: Path) -> str | None:
     names = sorted({s.normalizer for s in summaries})
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     panels = (
-        ("final val/ppl", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL)),
-        ("final H / log n (validation)", lambda s: s.final.get(tags.NORMALIZED_ENTROPY)),
+        ("final val/ppl", lambda s: None if s.diverged else s.final.get(sources.VAL_PPL)),
+        ("final H / log n (validation)", lambda s: s.final.get(sources.NORMALIZED_ENTROPY)),
         ("median pre-clip grad norm", lambda s: s.values.get(S.GRAD_NORM)),
     )
     for ax, (label, value) in zip(axes, panels):

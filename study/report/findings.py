@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from study.report import sources
 from study.report import summary as S
-from study.report import tags
 from study.report.stats import (
     INCONCLUSIVE,
     Interval,
@@ -188,9 +188,9 @@ def drift_finding(summaries: list[Summary]) -> Finding:
         return mean_interval(values)
 
     return _judge(
-        f"6. the selected set drifts towards uniform over training (fixed k={tags.SELECTION_K})",
+        f"6. the selected set drifts towards uniform over training (fixed k={sources.SELECTION_K})",
         "no change",
-        f"last - first H(top-{tags.SELECTION_K})/log {tags.SELECTION_K} on training steps, mean over runs (all T)",
+        f"last - first H(top-{sources.SELECTION_K})/log {sources.SELECTION_K} on training steps, mean over runs (all T)",
         DRIFT_RULE,
         compute,
         paper_value="selection tends to uniform",
@@ -240,7 +240,7 @@ def perplexity_finding(summaries: list[Summary]) -> Finding:
     low, ref, t_low, t_ref = _low_and_ref(summaries)
 
     def logs(group: list[Summary]) -> list[float]:
-        return [math.log(p) for s in group if not s.diverged and (p := s.final.get(tags.VAL_PPL)) and p > 0]
+        return [math.log(p) for s in group if not s.diverged and (p := s.final.get(sources.VAL_PPL)) and p > 0]
 
     def as_ratio(iv: Interval) -> str:
         return str(Interval(math.exp(iv.estimate), math.exp(iv.lo), math.exp(iv.hi), iv.n))

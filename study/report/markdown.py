@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from study.report import sources
 from study.report import summary as S
-from study.report import tags
 from study.report.findings import Finding, SanityCheck, k_all
 from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, confidence, fmt, mean_interval, percent
 from study.report.summary import Summary
@@ -22,7 +22,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def findings_table(found: list[Finding]) -> str:
     return table(
-        ["claim (paper.md)", "null", "statistic", f"value [{percent(confidence())} CI]", "verdict", "rule"],
+        ["claim (docs/paper.md)", "null", "statistic", f"value [{percent(confidence())} CI]", "verdict", "rule"],
         [[f.claim, f.null, f.statistic, f.value, f.verdict, f.rule] for f in found],
     )
 
@@ -47,15 +47,15 @@ def per_t_table(summaries: list[Summary]) -> str:
     """One row per T over the k = all softmax runs: means over seeds with their intervals."""
     runs = k_all(summaries)
     columns: list[tuple[str, Callable[[Summary], float | None]]] = [
-        ("log val/ppl", lambda s: None if s.diverged or not s.final.get(tags.VAL_PPL) else math.log(s.final[tags.VAL_PPL])),
+        ("log val/ppl", lambda s: None if s.diverged or not s.final.get(sources.VAL_PPL) else math.log(s.final[sources.VAL_PPL])),
         ("\\|grad W_q,W_k\\|", lambda s: s.values.get(S.GRAD_QK)),
         ("Jacobian", lambda s: s.values.get(S.JACOBIAN)),
         ("rows > 1/(4T)", lambda s: s.values.get(S.ABOVE_QUARTER)),
         ("rows > sqrt 2", lambda s: s.values.get(S.ABOVE_SQRT2)),
         ("saturated (sampled)", lambda s: s.values.get(S.SATURATED)),
-        ("saturated (all val rows)", lambda s: s.final.get(tags.SATURATED_ROWS)),
-        (f"H(top-{tags.SELECTION_K})/log {tags.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
-        (f"selection TV (k={tags.SELECTION_K}, val)", lambda s: s.final.get(tags.VAL_SELECTION_TV)),
+        ("saturated (all val rows)", lambda s: s.final.get(sources.SATURATED_ROWS)),
+        (f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
+        (f"selection TV (k={sources.SELECTION_K}, val)", lambda s: s.final.get(sources.VAL_SELECTION_TV)),
         ("unstable", lambda s: float(s.unstable)),
     ]
     rows = []
@@ -84,9 +84,9 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
                 name,
                 str(len(group)),
                 str(sum(s.diverged for s in group)),
-                med([s.final.get(tags.VAL_PPL) for s in group if not s.diverged]),
-                med([s.final.get(tags.NORMALIZED_ENTROPY) for s in group]),
-                med([s.final.get(tags.NONZERO) for s in group]),
+                med([s.final.get(sources.VAL_PPL) for s in group if not s.diverged]),
+                med([s.final.get(sources.NORMALIZED_ENTROPY) for s in group]),
+                med([s.final.get(sources.NONZERO) for s in group]),
                 med([s.values.get(S.GRAD_NORM) for s in group]),
             ]
         )
@@ -94,7 +94,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
 
 
 RUN_COLUMNS = [
-    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, "H/log n",
+    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, "H/log n",
     "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
 ]  # fmt: skip
 
@@ -107,8 +107,8 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
             [
                 s.name, f"{s.temperature:g}", s.k_label, s.normalizer, "" if s.seed is None else str(s.seed), s.state,
                 "" if s.steps is None else str(s.steps), fmt(s.clip) if s.clip else "off",
-                fmt(s.final.get(tags.TRAIN_LOSS)), fmt(s.final.get(tags.VAL_LOSS)), fmt(s.final.get(tags.VAL_PPL)),
-                fmt(s.final.get(tags.NORMALIZED_ENTROPY)), fmt(s.final.get(tags.KL_UNIFORM)),
+                fmt(s.final.get(sources.TRAIN_LOSS)), fmt(s.final.get(sources.VAL_LOSS)), fmt(s.final.get(sources.VAL_PPL)),
+                fmt(s.final.get(sources.NORMALIZED_ENTROPY)), fmt(s.final.get(sources.KL_UNIFORM)),
                 fmt(s.values.get(S.GRAD_NORM)), fmt(s.values.get(S.CLIPPED)),
                 "" if spikes is None else str(spikes), str(s.skipped), s.reason, ", ".join(s.same_as),
             ]
@@ -125,7 +125,7 @@ def definitions() -> str:
         f"{percent(CONFIDENCE)}; the per-temperature table's cells are descriptive {percent(CONFIDENCE)} intervals, "
         f"outside the family. Fewer than {MIN_REPLICATES} replicates per group gives no interval and an inconclusive "
         "verdict. "
-        f"A loss spike is a logged `{tags.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the run's own step-0 loss (or non-finite); "
+        f"A loss spike is a logged `{sources.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the run's own step-0 loss (or non-finite); "
         "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
         "See docs/findings.md for each finding's null, statistic and rule."

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from study.report import tags
+from study.report import sources
 from study.report.read import RunData
 from study.report.stats import loglog_slope
 
@@ -91,15 +91,15 @@ def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
 
 
 def _qk_series(run: RunData) -> list[tuple[int, float]] | None:
-    q, k = run.series(tags.GRAD_Q), dict(run.series(tags.GRAD_K) or [])
+    q, k = run.series(sources.GRAD_Q), dict(run.series(sources.GRAD_K) or [])
     if not q or not k:
         return None
     return [(s, math.hypot(v, k[s])) for s, v in q if s in k]
 
 
 def _clipped_fraction(run: RunData, grad: list[tuple[int, float]] | None) -> float | None:
-    if grad and run.series(tags.GRAD_NORM_CLIPPED):
-        after = dict(run.series(tags.GRAD_NORM_CLIPPED))
+    if grad and run.series(sources.GRAD_NORM_CLIPPED):
+        after = dict(run.series(sources.GRAD_NORM_CLIPPED))
         pairs = [(v, after[s]) for s, v in grad if s in after]
         return sum(a < v * (1 - 1e-6) for v, a in pairs) / len(pairs) if pairs else None
     if grad:
@@ -114,11 +114,11 @@ def _val_or_train(run: RunData, val_tag: str, train_tag: str | None = None) -> f
 
 
 def _selection(run: RunData) -> tuple[float | None, float | None]:
-    """(last - first, last) of the training-step H(top-k)/log k at k = tags.SELECTION_K."""
-    series = run.series(tags.SELECTION_ENTROPY)
+    """(last - first, last) of the training-step H(top-k)/log k at k = sources.SELECTION_K."""
+    series = run.series(sources.SELECTION_ENTROPY)
     if not series:
         return None, None
-    log_k = math.log(tags.SELECTION_K)
+    log_k = math.log(sources.SELECTION_K)
     drift = (series[-1][1] - series[0][1]) / log_k if len(series) >= 2 else None  # one point: no drift to measure
     return drift, series[-1][1] / log_k
 
@@ -134,36 +134,36 @@ def last_by_group(run: RunData, regex: str) -> dict[int, float]:
 
 
 def _values(run: RunData) -> dict[str, Any]:
-    grad = next((run.series(t) for t in tags.GRAD_NORM_SOURCES if run.series(t)), None)
-    maxima = [_last(run.series(t)) for t in (tags.VAL_JACOBIAN_MAX,)] + [
-        v for _, v in run.series(tags.JACOBIAN_MAX) or []
+    grad = next((run.series(t) for t in sources.GRAD_NORM_SOURCES if run.series(t)), None)
+    maxima = [_last(run.series(t)) for t in (sources.VAL_JACOBIAN_MAX,)] + [
+        v for _, v in run.series(sources.JACOBIAN_MAX) or []
     ]
     maxima = [m for m in maxima if m is not None]
     drift, final_sel = _selection(run)
-    bins = {n: v for n, v in last_by_group(run, tags.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
+    bins = {n: v for n, v in last_by_group(run, sources.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
     return {
         GRAD_NORM: _median(grad),
         GRAD_QK: _median(_qk_series(run)),
-        JACOBIAN: _val_or_train(run, tags.VAL_JACOBIAN, tags.JACOBIAN),
+        JACOBIAN: _val_or_train(run, sources.VAL_JACOBIAN, sources.JACOBIAN),
         JACOBIAN_MAX: max(maxima) if maxima else None,
-        ABOVE_QUARTER: _val_or_train(run, tags.FRAC_ABOVE_QUARTER_T),
-        ABOVE_SQRT2: _val_or_train(run, tags.FRAC_ABOVE_SQRT2),
-        SATURATED: _val_or_train(run, tags.FRAC_SATURATED),
+        ABOVE_QUARTER: _val_or_train(run, sources.FRAC_ABOVE_QUARTER_T),
+        ABOVE_SQRT2: _val_or_train(run, sources.FRAC_ABOVE_SQRT2),
+        SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
         SELECTION_DRIFT: drift,
         SELECTION_FINAL: final_sel,
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
-        SPIKES: count_spikes(run.series(tags.TRAIN_LOSS)),
+        SPIKES: count_spikes(run.series(sources.TRAIN_LOSS)),
     }
 
 
 def summarize(run: RunData) -> Summary:
     final_tags = (
-        tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.NONZERO, tags.SATURATED_ROWS,
-        tags.VAL_SELECTION_TV,
+        sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
+        sources.VAL_SELECTION_TV,
     )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
-    skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
+    skipped = int(run.status.get("skipped_steps") or (_last(run.series(sources.GUARD_SKIPPED)) or 0))
     return Summary(
         name=run.name,
         temperature=float(run.params.get("temperature", 1.0)),
@@ -183,7 +183,7 @@ def summarize(run: RunData) -> Summary:
 
 
 def _selection_by_k(run: RunData) -> dict[int, float]:
-    return last_by_group(run, tags.VAL_SELECTION_ENTROPY_BY_K)
+    return last_by_group(run, sources.VAL_SELECTION_ENTROPY_BY_K)
 
 
 def dedupe(summaries: list[Summary]) -> list[Summary]:

@@ -1,7 +1,7 @@
 """`study sweep`: a grid of `study fit` runs (over the axes of `study.sweep.axes`) with resume and a report.
 
-    study sweep --config configs/sweeps/default.yaml            # the embedded main job (CPU, < 15 min)
-    study sweep --config configs/sweeps/default.yaml --quick    # its smoke version (< 1 min)
+    study sweep --config configs/sweeps/default.yaml            # the embedded main job (CPU; its time: README)
+    study sweep --config configs/sweeps/default.yaml --quick    # its smoke version (the small GPT-2 pipeline)
     study sweep --config X --dry-run                            # validate and print the plan, run nothing
     study sweep --config X --parallel 4 [--devices-per-run 2]   # subprocesses, each pinned to its GPUs
     study sweep --config X --trainer.devices=2 --trainer.strategy=ddp   # each run on 2 devices (DDP)

@@ -6,32 +6,11 @@ import gc
 import time
 from typing import Any
 
-import lightning as L
-from lightning.pytorch.utilities.types import STEP_OUTPUT
-from typing_extensions import override
-
+from study.callbacks.steptime import StepTimer
 from study.progress import format_seconds
 from study.report.read import dotted_get
 from study.sweep.run import run_console
 from study.sweep.spec import Plan, Run
-
-
-class StepTimer(L.Callback):
-    """Seconds of each training step, from its batch's start to its end."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t = 0.0
-
-    @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._t = time.perf_counter()
-
-    @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT,
-                           batch: Any, batch_idx: int) -> None:
-        self.times.append(time.perf_counter() - self._t)
 
 
 def _resolved(run: Run, key: str, default: Any) -> Any:
@@ -57,7 +36,7 @@ def measure_step_time(run: Run, steps: int = 6) -> dict[str, float]:
     cli.datamodule.prepare_data()  # caches the tokenizer and blocks: a one-off cost, not a per-run one
     t_prepared = time.perf_counter()
     timer = StepTimer()
-    cli.trainer.callbacks.append(timer)
+    cli.trainer.callbacks = timer.around(cli.trainer.callbacks)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     t_end = time.perf_counter()
     warm = sorted(timer.times[2:] or timer.times)

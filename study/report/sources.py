@@ -1,6 +1,6 @@
-"""The tags the report reads, named for what the findings use them for; every name is built by `study.tags`,
-which the monitors write with. A tag that a sweep did not log makes the report say so (and the finding
-inconclusive), never a made-up number.
+"""The report's sources: the tags it reads, named for what the findings use them for. Every name is built by
+`study.tags` (the one tags module), which the monitors write with. A tag that a sweep did not log makes the
+report say so (and the finding inconclusive), never a made-up number.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ATTENTION_TAGS = {
 SATURATED_ROWS = t.val(t.attention("saturated"))  # rows with max weight > 0.99, every validation row
 
 # fixed-k uniformity of the selected set (training-step samples) and the Lemma 1 bins (validation)
-SELECTION_K = 4  # the fixed k of the selection findings (one of SelectionUniformityMonitor's `topk`)
+SELECTION_K = 4  # the fixed k of the selection findings (one of SelectionUniformityMonitor's `selection_ks`)
 SELECTION_ENTROPY = t.attention(t.topk_statistic("selection_entropy", SELECTION_K))
 VAL_SELECTION_TV = t.val(t.attention(t.topk_statistic("selection_tv", SELECTION_K)))
 

@@ -47,3 +47,24 @@ def test_a_status_that_cannot_be_written_does_not_stop_the_sweep(tmp_path, monke
     monkeypatch.setattr(Path, "write_text", full)
     sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "failed", "reason": "disk full"})
     assert status(tmp_path / "run")["state"] == "failed" and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("name", ["../../escape", "..", "a/b", "/tmp/abs-sweep-i23", "a\\b"])
+def test_a_sweep_name_that_is_not_one_folder_is_refused_before_any_write(tmp_path, name, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = write_spec(work, {"temperature": [1.0]}, name=name)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert main(["--config", str(spec), "--dry-run"]) == 2
+    assert sorted(p for p in tmp_path.rglob("*")) == before and not Path("/tmp/abs-sweep-i23").exists()
+    err = capsys.readouterr().err
+    assert f"sweep name {name!r} is not a plain folder name" in err
+
+
+def test_a_run_name_that_is_not_one_folder_is_refused(tmp_path, monkeypatch):
+    from study.sweep import axes
+    from study.sweep.spec import SweepSpecError, build_plan
+
+    monkeypatch.setattr(axes, "run_name", lambda params, swept=frozenset(): "../outside")
+    with pytest.raises(SweepSpecError, match="run name '../outside' is not a plain folder name"):
+        build_plan(write_spec(tmp_path, {"temperature": [1.0]}))

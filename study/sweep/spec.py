@@ -180,6 +180,24 @@ def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     return out
 
 
+def folder_name(what: str, name: Any) -> str:
+    """``name`` if it is one plain folder name (a single path component, not `.`/`..`, no separator, no NUL), so
+    that what is written under it stays inside save_dir; else `SweepSpecError` naming it."""
+    text = str(name) if isinstance(name, (str, int, float)) and not isinstance(name, bool) else None
+    if (
+        not text
+        or text in (".", "..")
+        or any(sep in text for sep in ("/", "\\", "\0"))
+        or Path(text).is_absolute()
+        or Path(text).name != text
+    ):
+        raise SweepSpecError(
+            f"{what} {name!r} is not a plain folder name: it must be one path component inside save_dir "
+            "(no '/', '\\', '.' or '..')"
+        )
+    return text
+
+
 def _find_file(path: str, spec_path: Path) -> Path:
     candidate = Path(path)
     if candidate.is_file():
@@ -288,7 +306,7 @@ def build_plan(
         raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
     base = _find_file(spec["base"], spec_path)
     base_config = load_yaml(base) or {}
-    name = str(spec.get("name") or spec_path.stem)
+    name = folder_name("sweep name", spec.get("name") or spec_path.stem)
     overrides = _check_overrides("overrides", spec.get("overrides"))
     grid_in = dict(spec.get("grid") or {})
     pretrain_spec = spec.get("pretrain")
@@ -325,7 +343,7 @@ def build_plan(
     fixed = {axis.key: given.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
     for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in axes.AXES))):
         params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
-        rname = axes.run_name(params, swept=set(grid))
+        rname = folder_name("run name", axes.run_name(params, swept=set(grid)))  # e.g. a normaliser "a/b:C"
         settings = dict(overrides)
         if pretrained_path:
             settings["model.model_name_or_path"] = pretrained_path

@@ -23,6 +23,7 @@ from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep import axes
+from study.sweep.identity import run_dependencies
 from study.sweep.runargs import RunArgs, passthrough_settings
 
 TOP_KEYS = {
@@ -71,6 +72,8 @@ class Run:
     params: dict[str, Any]
     args: list[str]
     resolved: dict[str, Any] = field(default_factory=dict)
+    # what the run reads besides its arguments (base config content, data, model): `study.sweep.identity`
+    depends: dict[str, str] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -85,6 +88,7 @@ class Run:
             "fingerprint": self.fingerprint,
             "args": self.args,
             "resolved": self.resolved,
+            "depends": self.depends,
         }
 
 
@@ -334,7 +338,8 @@ def build_plan(
         p_over = _check_overrides("pretrain.overrides", pretrain_spec.get("overrides"))
         p_dir = sweep_dir / "pretrain"
         p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
-        pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
+        p_depends = run_dependencies(base, p_resolved, sweep_dir)
+        pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved, p_depends)
         pretrained_path = str(p_dir / "hf")
 
     runs = []
@@ -353,7 +358,7 @@ def build_plan(
         # cannot happen with exact names; never let two runs share a folder silently
         if any(r.name == rname for r in runs):
             raise SweepSpecError(f"two runs would share the folder {run_dir}")
-        runs.append(Run(index, rname, run_dir, params, args, resolved))
+        runs.append(Run(index, rname, run_dir, params, args, resolved, run_dependencies(base, resolved, sweep_dir)))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")

@@ -26,13 +26,15 @@ DDP=(--trainer.accelerator="$ACCELERATOR" --trainer.devices="$TASKS" --trainer.s
 # the plan (its size and folder) without running anything, with the arguments the runs get
 LAST=$($STUDY sweep --config "$CONFIG" --dry-run "${DDP[@]}" "$@" | tail -1)  # "<N> runs; plan written to <dir>/plan.json"
 N=$(awk '{print $1}' <<< "$LAST")
-SWEEP_DIR=$(dirname "$(awk '{print $NF}' <<< "$LAST")")
+SWEEP_DIR=$(dirname "${LAST#*plan written to }")
 # srun starts one task per process; Lightning reads SLURM_* and sets up DDP (trainer.devices must equal TASKS).
-RUN="srun $STUDY sweep --config $CONFIG ${DDP[*]} $*"
+# --wrap takes a shell string: every path and argument goes in quoted (%q), so spaces or `;` in them stay data.
+# STUDY stays unquoted on purpose: it is a command line ("uv run study").
+RUN="srun $STUDY sweep --config $(printf '%q' "$CONFIG") $(printf '%q ' "${DDP[@]}" "$@")"
 OPTS=(--nodes=1 --ntasks-per-node="$TASKS" "${RESOURCES[@]}" "${COMMON[@]}")
 PRE=$(sbatch --parsable "${OPTS[@]}" --job-name=sweep-pretrain --wrap "$RUN --run-index pretrain || true")
 ARRAY=$(sbatch --parsable "${OPTS[@]}" --dependency=afterany:"$PRE" --array=0-$((N - 1)) --job-name=sweep \
   --wrap "$RUN --run-index \$SLURM_ARRAY_TASK_ID")
 REPORT=$(sbatch --parsable "${COMMON[@]}" --dependency=afterany:"$ARRAY" --job-name=sweep-report \
-  --wrap "$STUDY report $SWEEP_DIR")
+  --wrap "$STUDY report $(printf '%q' "$SWEEP_DIR")")
 echo "submitted: pretrain $PRE, runs $ARRAY (0..$((N - 1))), then the report $REPORT -> $SWEEP_DIR"

@@ -37,7 +37,9 @@ def one_line(err: BaseException) -> str:
     """An error as one line: the innermost cause's message, after the option it concerns when that is known.
 
     jsonargparse wraps a value error raised while building a class (e.g. `temperature must be > 0`) in a union
-    error several frames deep; the first message of the chain is the one a person needs.
+    error several frames deep; the first message of the chain is the one a person needs. A `ConfigError` at the root
+    names what it is about itself (a file, a model): no option is put before it (a link between options could name
+    the wrong one).
     """
     chain = [err]
     while chain[-1].__cause__ is not None or (
@@ -47,7 +49,7 @@ def one_line(err: BaseException) -> str:
     root = chain[-1]
     lines = [line.strip() for line in str(root).strip().splitlines() if line.strip()]
     message = lines[0] if lines else type(root).__name__
-    key = _option_of(chain)
+    key = None if isinstance(root, ConfigError) else _option_of(chain)  # a ConfigError names its subject itself
     return f"--{key}: {message}" if key and key not in message else message
 
 

@@ -23,6 +23,14 @@ from study.model import CausalLMModule
 
 
 class StudyCLI(LightningCLI):
+    def instantiate_classes(self) -> None:
+        """Build the model, the data and the trainer; a failure here is bad input (a value the classes refuse, a
+        model or file that is not there), raised as `ConfigError` so that `study` exits 2, not 1 (a run that failed)."""
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # noqa: BLE001 - every failure to build from the config is the config's
+            raise ConfigError(one_line(err)) from err
+
     def add_arguments_to_parser(self, parser) -> None:
         # The model embeds exactly the tokenizer's vocabulary and checks the block size against its context.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from study.cachefolder import build_atomically, usable
+from study.errors import ConfigError
 
 # Short name -> what it is. Every place that loads a model by name accepts these (through `resolve_model`).
 EMBEDDED_MODELS: dict[str, str] = {
@@ -63,7 +64,23 @@ def resolve_model(name_or_path: str, cache_dir: str | os.PathLike | None = None)
         if not Path(name_or_path).is_file():
             raise FileNotFoundError(f"gguf file not found: {name_or_path}")
         return str(materialize_gguf(Path(name_or_path), cache_dir))
+    if not Path(name_or_path).exists() and not _is_hub_name(str(name_or_path)):
+        # transformers would say "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
+        raise ConfigError(
+            f"model {name_or_path!r} not found: no such folder or file, and not a hub name ('name' or 'org/name'); "
+            f"embedded: {', '.join(sorted(EMBEDDED_MODELS))}"
+        )
     return name_or_path
+
+
+def _is_hub_name(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def load_causal_lm(name_or_path: str, **kwargs: Any):

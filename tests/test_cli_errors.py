@@ -54,7 +54,7 @@ def test_a_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path, capsys):
 
 
 def test_a_bad_value_or_option_is_one_line_naming_it(text_files, tmp_path, capsys):
-    assert main(fit_args(text_files, tmp_path, "--model.attention.temperature=0")) == 1
+    assert main(fit_args(text_files, tmp_path, "--model.attention.temperature=0")) == 2  # bad input
     assert error_lines(capsys) == [
         "study fit: --model.attention: temperature must be finite and > 0, got 0.0  (--verbose shows the traceback)"
     ]
@@ -129,3 +129,24 @@ def test_a_fit_that_trains_no_step_exits_1(text_files, tmp_path, capsys):
     assert main(fit_args(text_files, tmp_path, "--trainer.limit_train_batches=0")) == 1
     (line,) = error_lines(capsys)
     assert line.startswith("study fit: trained no step (max_steps=2, limit_train_batches=0)")
+
+
+def test_a_missing_model_is_one_clear_line_and_bad_input(text_files, tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert main(fit_args(text_files, tmp_path, f"--model.model_name_or_path={missing}")) == 2
+    (line,) = error_lines(capsys)
+    assert line.startswith(f"study fit: model '{missing}' not found: no such folder or file, and not a hub name")
+    assert "Repo id" not in line and not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("folder", ["empty", "not a sweep", "the package"])
+def test_study_report_refuses_a_folder_that_is_not_a_sweep_before_writing(tmp_path, folder, capsys):
+    path = {"empty": tmp_path / "empty", "not a sweep": tmp_path / "other", "the package": tmp_path / "pkg"}[folder]
+    path.mkdir()
+    if folder != "empty":
+        (path / "sub").mkdir()
+        (path / "notes.txt").write_text("x")
+    before = sorted(path.rglob("*"))
+    assert main(["report", str(path)]) == 2
+    assert sorted(path.rglob("*")) == before  # no report/ written into it
+    assert capsys.readouterr().err.startswith(f"study report: {path} is not a sweep folder")

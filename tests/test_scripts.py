@@ -82,3 +82,40 @@ def test_slurm_script_options(tmp_path, gpus):
     assert f"--trainer.accelerator={accelerator} --trainer.devices={tasks} --trainer.strategy=ddp" in array
     assert report.endswith(f"study.cli report {tmp_path / 'logs' / 'tiny'}") and "afterany:102" in report
     assert f"the report 103 -> {tmp_path / 'logs' / 'tiny'}" in result.stdout
+
+
+def test_slurm_script_quotes_paths_in_its_wrapped_commands(tmp_path):
+    """`--wrap` is a shell string: a sweep path with a space and a `;` used to split into two commands."""
+    folder = tmp_path / "my sweeps; touch pwned"
+    folder.mkdir()
+    spec = write_spec(folder, {"temperature": [1.0]})
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    sbatch = tmp_path / "sbatch"  # records each call's arguments NUL-separated, answers job ids 101, 102, ...
+    sbatch.write_text(
+        "#!/usr/bin/env bash\n"
+        f'n=$(ls {calls} | wc -l); printf "%s\\0" "$@" > {calls}/$n; echo $((101 + n))\n'
+    )
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    srun = tmp_path / "srun"  # prints the command it would start, one argument a line
+    srun.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    study = f"{sys.executable} -m study.cli"
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "slurm_sweep.sh"), str(spec), "--trainer.max_steps=2"],
+        env={**env(), "GPUS": "0", "PARTITION": "", "STUDY": study, "PATH": path},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    wraps = []
+    for n in range(3):
+        args = (calls / str(n)).read_text().split("\0")
+        wraps.append(args[args.index("--wrap") + 1])
+    ran = subprocess.run(["bash", "-c", wraps[0].replace(" || true", "")], env={**env(), "PATH": path},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    argv = ran.stdout.splitlines()
+    assert argv[argv.index("--config") + 1] == str(spec) and argv[-3:] == ["--trainer.max_steps=2", "--run-index",
+                                                                           "pretrain"]
+    assert wraps[2] == f"{study} report " + str(folder / "logs" / "tiny").replace(" ", "\\ ").replace(";", "\\;")
+    assert not (tmp_path / "pwned").exists()

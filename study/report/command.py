@@ -10,6 +10,11 @@ from pathlib import Path
 from study.report.build import build_report
 
 
+def is_sweep_folder(folder: Path) -> bool:
+    """True if ``folder`` holds a sweep: its plan.json, or at least one run folder with a status.json."""
+    return (folder / "plan.json").is_file() or any((d / "status.json").is_file() for d in folder.iterdir() if d.is_dir())
+
+
 def main(argv: list[str] | None = None) -> int:
     import study.report
 
@@ -21,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
+        return 2
+    if not is_sweep_folder(Path(args.sweep_dir)):  # before report/ is written into a folder that is not a sweep
+        print(
+            f"study report: {args.sweep_dir} is not a sweep folder (no plan.json and no run folder with a "
+            "status.json); nothing written",
+            file=sys.stderr,
+        )
         return 2
     path = build_report(args.sweep_dir, out_dir=args.out)
     print(f"report: {path}")

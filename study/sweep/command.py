@@ -12,6 +12,7 @@ import time
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
 from study.report.read import read_json
+from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
 from study.sweep.pool import (
     SweepProgress,
@@ -69,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_stale(plan: Plan) -> None:
+    """Refuse a plan whose runs on disk were made with other settings, or with other content of what they read
+    (base config, data, model): resuming or pooling them would mix two settings under one name."""
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     for run in runs:
         status = read_status(run.dir)
@@ -76,6 +79,14 @@ def _check_stale(plan: Plan) -> None:
             raise SweepSpecError(
                 f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
                 "delete it or give the sweep another name"
+            )
+        recorded = (status or {}).get("depends")
+        changes = changed_dependencies(recorded, run.depends) if isinstance(recorded, dict) else []
+        if changes:
+            raise SweepSpecError(
+                f"run {run.name} was trained with other inputs than this sweep would use now: {'; '.join(changes)}. "
+                f"Restore them, or delete {run.dir} (and any other such run) to redo it, or give the sweep another "
+                "name; runs made with different inputs are never pooled"
             )
 
 

@@ -148,6 +148,7 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
         "index": run.index,
         "params": run.params,
         "fingerprint": run.fingerprint,
+        "depends": run.depends,  # what it trains with beyond its arguments: a later change is refused
         "state": "running",
         "reason": None,
         "started": utc_now(),

@@ -23,6 +23,7 @@ from study.errors import ConfigError
 from study.errors import load_yaml as _load_yaml
 from study.report.read import dotted_get
 from study.sweep import axes
+from study.sweep.identity import run_dependencies
 from study.sweep.runargs import RunArgs, callback_override_key, check_callback_override, passthrough_settings
 
 TOP_KEYS = {
@@ -76,6 +77,8 @@ class Run:
     params: dict[str, Any]
     args: list[str]
     resolved: dict[str, Any] = field(default_factory=dict)
+    # what the run reads besides its arguments (base config content, data, model): `study.sweep.identity`
+    depends: dict[str, str] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -90,6 +93,7 @@ class Run:
             "fingerprint": self.fingerprint,
             "args": self.args,
             "resolved": self.resolved,
+            "depends": self.depends,
         }
 
 
@@ -195,6 +199,24 @@ def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
                 raise SweepSpecError(f"grid `{axis.key}` value {value!r} is invalid: {err}") from None
         out[axis.key] = values
     return out
+
+
+def folder_name(what: str, name: Any) -> str:
+    """``name`` if it is one plain folder name (a single path component, not `.`/`..`, no separator, no NUL), so
+    that what is written under it stays inside save_dir; else `SweepSpecError` naming it."""
+    text = str(name) if isinstance(name, (str, int, float)) and not isinstance(name, bool) else None
+    if (
+        not text
+        or text in (".", "..")
+        or any(sep in text for sep in ("/", "\\", "\0"))
+        or Path(text).is_absolute()
+        or Path(text).name != text
+    ):
+        raise SweepSpecError(
+            f"{what} {name!r} is not a plain folder name: it must be one path component inside save_dir "
+            "(no '/', '\\', '.' or '..')"
+        )
+    return text
 
 
 def _find_file(path: str, spec_path: Path) -> Path:
@@ -305,7 +327,7 @@ def build_plan(
         raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
     base = _find_file(spec["base"], spec_path)
     base_config = load_yaml(base) or {}
-    name = str(spec.get("name") or spec_path.stem)
+    name = folder_name("sweep name", spec.get("name") or spec_path.stem)
     overrides = _check_overrides("overrides", spec.get("overrides"))
     grid_in = dict(spec.get("grid") or {})
     pretrain_spec = spec.get("pretrain")
@@ -338,7 +360,8 @@ def build_plan(
         _check_callback_overrides("pretrain.overrides", p_over, base_config)
         p_dir = sweep_dir / "pretrain"
         p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
-        pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved)
+        p_depends = run_dependencies(base, p_resolved, sweep_dir)
+        pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved, p_depends)
         pretrained_path = str(p_dir / "hf")
 
     runs = []
@@ -347,7 +370,7 @@ def build_plan(
     fixed = {axis.key: given.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
     for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in axes.AXES))):
         params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
-        rname = axes.run_name(params, swept=set(grid))
+        rname = folder_name("run name", axes.run_name(params, swept=set(grid)))  # e.g. a normaliser "a/b:C"
         settings = dict(overrides)
         if pretrained_path:
             settings["model.model_name_or_path"] = pretrained_path
@@ -357,7 +380,7 @@ def build_plan(
         # cannot happen with exact names; never let two runs share a folder silently
         if any(r.name == rname for r in runs):
             raise SweepSpecError(f"two runs would share the folder {run_dir}")
-        runs.append(Run(index, rname, run_dir, params, args, resolved))
+        runs.append(Run(index, rname, run_dir, params, args, resolved, run_dependencies(base, resolved, sweep_dir)))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")

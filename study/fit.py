@@ -14,11 +14,12 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+from study import tags
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
 from study.data import TextDataModule
-from study.errors import load_yaml, one_line
+from study.errors import ConfigError, load_yaml, one_line
 from study.model import CausalLMModule
 
 
@@ -78,7 +79,8 @@ def check_fit_args(args: list[str]) -> str | None:
             save_config_callback=None,
         )
     except Exception as err:  # noqa: BLE001 - the parser's own message is the answer
-        return one_line(err)
+        hint = closest_option(one_line(err))
+        return one_line(err) + (f"; did you mean --{hint}?" if hint else "")
     finally:
         sys.argv = argv
     return None
@@ -98,16 +100,86 @@ def _has_omegaconf() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`study fit|validate|test ...` (the verb first, as LightningCLI takes it); errors propagate to `study.cli`."""
+    """`study fit|validate|test ...` (the verb first, as LightningCLI takes it); errors propagate to `study.cli`.
+
+    Ends with one line naming the log folder and the final metrics."""
     for path in _config_files(argv):
         load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
     _check_ckpt_path(argv)
-    cli = lightning_main(argv)
+    try:
+        cli = lightning_main(argv)
+    except Exception as err:  # noqa: BLE001 - re-raised, with the closest option name when one is misspelt
+        hint = closest_option(one_line(err))
+        if hint:
+            raise ConfigError(f"{one_line(err)}; did you mean --{hint}?") from None
+        raise
     diverged = _diverged(cli)
+    verb = argv[0] if argv else "fit"
+    print(f"study {verb}: {final_line(getattr(cli, 'trainer', None))}")
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
     return 0
+
+
+SHOWN_METRICS = (tags.VAL_LOSS, tags.VAL_PPL, tags.TRAIN_LOSS)
+
+
+def final_line(trainer) -> str:
+    """Where the run's logs are and what it ended with: ``logs in logs/fit/default/version_0; val/loss 3.2, ...``."""
+    log_dir = getattr(trainer, "log_dir", None) if trainer is not None else None
+    metrics = getattr(trainer, "callback_metrics", {}) or {}
+    shown = [f"{tag} {float(metrics[tag]):.4g}" for tag in SHOWN_METRICS if tag in metrics]
+    where = f"logs in {log_dir}" if log_dir else "no logger"
+    return f"{where}; " + (", ".join(shown) if shown else "no metric logged") + f" (step {getattr(trainer, 'global_step', 0)})"
+
+
+def _option_classes() -> dict[str, type]:
+    import lightning as L
+
+    return {"trainer": L.Trainer, "model": CausalLMModule, "data": TextDataModule}
+
+
+def _options_of(prefix: str) -> list[str]:
+    """The init arguments of the class an option prefix (`model.attention`) configures; [] when unknown."""
+    import inspect
+    import typing
+
+    parts = prefix.split(".")
+    cls = _option_classes().get(parts[0])
+    for part in parts[1:]:
+        if cls is None:
+            return []
+        try:
+            hint = typing.get_type_hints(cls.__init__).get(part)
+        except Exception:  # noqa: BLE001 - an unresolvable annotation: no suggestion
+            return []
+        cls = next((c for c in (*typing.get_args(hint), hint) if inspect.isclass(c) and c is not type(None)), None)
+    if cls is None:
+        return []
+    return [name for name in inspect.signature(cls).parameters if name not in ("self", "args", "kwargs")]
+
+
+def closest_option(message: str) -> str | None:
+    """The dotted option a parser message about an unknown one most likely meant (difflib), else None.
+
+    Reads jsonargparse's two forms: ``--model.attention: Option 'temprature' is not accepted`` and
+    ``unrecognized arguments: --trainer.max_stepz=3``.
+    """
+    import difflib
+    import re
+
+    found = re.search(r"--([\w.]+): Option '(\w+)' is not accepted", message)
+    if found:
+        prefix, name = found.groups()
+    elif found := re.search(r"unrecognized arguments: --([\w.]+)", message):
+        prefix, _, name = found.group(1).rpartition(".")
+        if not prefix:
+            return None
+    else:
+        return None
+    close = difflib.get_close_matches(name, _options_of(prefix), n=1)
+    return f"{prefix}.{close[0]}" if close else None
 
 
 def _check_ckpt_path(argv: list[str]) -> None:

@@ -18,7 +18,8 @@ same few batches of text:
 This is the most direct test of "gradients scale like 1/T": `study report` fits the log-log slope of the W_q/W_k
 gradient norm against T with a bootstrap over the batches when `<sweep>/probe/probe.json` exists.
 
-Writes `<out>/probe.json`, `<out>/probe.png` and TensorBoard scalars under `<out>/tensorboard` (step = index of T
+Writes `<out>/probe.json`, `<out>/probe.png` and (unless ``--no-tensorboard``, as a sweep runs it) TensorBoard
+scalars under `<out>/tensorboard` (step = index of T
 in the sorted grid; `probe/temperature` holds T at each step): `probe/loss`, `probe/grad_norm/{attn_q,attn_k,
 attn_qk,rest,total}`, `probe/jacobian/{mean,p10,p50,p90,max}`, `probe/jacobian/frac_above_quarter_T`,
 `probe/jacobian/frac_above_sqrt2`, `probe/saturated_fraction`, `probe/hessian_qk_norm`, `probe/hessian_qk_top`.
@@ -65,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hessian-iterations", type=int, default=10, help="power iterations per phase (0: no Hessian)")
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampler and the power iteration")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--no-tensorboard", action="store_true",
+                   help="no TensorBoard events (a sweep's probe: its folder would show as a run beside the sweep's runs)")
     p.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a line per T)")
     return p
 
@@ -374,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps(report, indent=1))
     write_figure(report["results"], out)
-    write_tensorboard(report["results"], out)
+    if not args.no_tensorboard:
+        write_tensorboard(report["results"], out)
     for r in report["results"]:
         print(
             f"T={r['temperature']:g}: loss {r['loss']:.4g}, |grad W_q,W_k| {r['grad_attn_qk']:.4g}, rest {r['grad_rest']:.4g}, "

@@ -3,16 +3,27 @@
 Every option of the Trainer, the model and the data comes from YAML or the command line (`study fit --help`,
 `study fit --print_config`). Bad input ends in one line naming it, before anything heavy is built: a YAML syntax
 error as file:line:column, an unknown option or a bad value with its key, a damaged `--ckpt_path` with what to do.
-A run that a `NonFiniteGuard` stopped is not a success (exit code 1).
+A misspelt option gets the closest one (difflib). A run that a `NonFiniteGuard` stopped is not a success (exit
+code 1).
+
+The console: Lightning's progress bar and model summary without their meaningless columns (``v_num``, "Epoch
+0/-2" under ``max_steps``, a FLOPs column of zeros), and a last line naming the log folder and the final metrics.
+The configs log under ``logs/fit/<config>/version_<n>``, apart from the sweeps' ``logs/<sweep>/``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+import lightning as L
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+from typing_extensions import override
 
 from study import tags
 from study.callbacks.nonfinite import NonFiniteGuard
@@ -22,8 +33,83 @@ from study.data import TextDataModule
 from study.errors import ConfigError, load_yaml, one_line
 from study.model import CausalLMModule
 
+_summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+
+
+class _WithoutVersion:
+    """A progress bar without Lightning's ``v_num`` column (the logger's version number, not a metric)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float | dict]:
+        items = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        items.pop("v_num", None)
+        return items
+
+
+class StudyRichProgressBar(_WithoutVersion, RichProgressBar):
+    """Lightning's rich progress bar, without ``v_num`` and without "Epoch 0/-2" when the run is bounded by
+    ``max_steps`` (Lightning sets ``max_epochs = -1`` then)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:  # Lightning's own (private) hook for the label
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            return super()._get_train_description(current_epoch)
+        return f"Epoch {current_epoch}"
+
+
+class StudyTQDMProgressBar(_WithoutVersion, TQDMProgressBar):
+    """Lightning's tqdm progress bar, without ``v_num``."""
+
+
+class StudyModelSummary(ModelSummary):
+    """Lightning's model summary without its FLOPs column and total when they are 0 (Lightning counts FLOPs only
+    for a module with an ``example_input_array``; ours has none, so the column is a row of zeros)."""
+
+    @staticmethod
+    @override
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if total_flops:
+            ModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                   total_training_modes, total_flops, **summarize_kwargs)
+            return
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0,
+                                      *columns)
+        _summary_log.info("\n" + "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops")))
+
+
+# Lightning's defaults -> the study's versions (exact types only: a user's own subclass is kept as it is).
+_CONSOLE_CALLBACKS = {
+    RichProgressBar: StudyRichProgressBar,
+    TQDMProgressBar: StudyTQDMProgressBar,
+    ModelSummary: StudyModelSummary,
+    RichModelSummary: StudyModelSummary,
+}
+
+
+def quiet_console(trainer: L.Trainer) -> None:
+    """Swap Lightning's default progress bar and model summary for versions without its meaningless columns."""
+    for i, callback in enumerate(trainer.callbacks):
+        replacement = _CONSOLE_CALLBACKS.get(type(callback))
+        if replacement is StudyModelSummary:
+            trainer.callbacks[i] = StudyModelSummary(max_depth=callback._max_depth)
+        elif replacement is not None:
+            trainer.callbacks[i] = replacement()
+
 
 class StudyCLI(LightningCLI):
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        quiet_console(trainer)
+        return trainer
+
     def add_arguments_to_parser(self, parser) -> None:
         # The model embeds exactly the tokenizer's vocabulary and checks the block size against its context.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")

@@ -334,8 +334,14 @@ def write_figure(results: list[dict], out: Path) -> None:
     twin.set(ylim=(-0.02, 1.02), ylabel="saturated fraction (red)")
     axes[1].set(xscale="log", yscale="log", xlabel="temperature T", title="attention Jacobian on sampled rows")
     axes[2].plot(t, [r["loss"] for r in results], "o-", label="loss")
-    if all(r["hessian_qk_norm"] is not None for r in results):
-        axes[2].plot(t, [r["hessian_qk_norm"] for r in results], "s-", label="Hessian spectral norm (W_q, W_k)")
+    measured = [(x, r["hessian_qk_norm"]) for x, r in zip(t, results) if r["hessian_qk_norm"] is not None]
+    drawn = [(x, h) for x, h in measured if math.isfinite(h) and h > 0]  # a log axis drops the others silently
+    if drawn:
+        axes[2].plot(*zip(*drawn), "s-", label="Hessian spectral norm (W_q, W_k)")
+    if len(drawn) < len(measured):
+        missing = ", ".join(f"{x:g}" for x, h in measured if (x, h) not in drawn)
+        axes[2].text(0.02, 0.02, f"Hessian not finite or not > 0 at T = {missing} (not drawn)", fontsize=7,
+                     transform=axes[2].transAxes)
     axes[2].set(xscale="log", yscale="log", xlabel="temperature T", title="loss and curvature")
     for ax in axes:
         ax.legend(fontsize=7)

@@ -38,8 +38,11 @@ test: setup
 lint: setup
 	$(BIN)/ruff check study tests scripts
 
+# One sweep at a time: HParams shows one experiment per logdir (`make tensorboard SWEEP=default-quick`).
+SWEEP ?= default
 tensorboard: setup
-	$(BIN)/tensorboard --logdir logs
+	@test -d logs/$(SWEEP) || { echo "no sweep logs/$(SWEEP): make tensorboard SWEEP=<one of: $$(ls logs 2>/dev/null | grep -v '^cache$$' | tr '\n' ' ')>"; exit 2; }
+	$(BIN)/tensorboard --logdir logs/$(SWEEP)
 
 # Tokenised corpora, tokenizers and the materialised SmolLM2 folder (logs/cache/models, rebuilt in about 20 s).
 clean-cache:

@@ -3,23 +3,104 @@
 Every option of the Trainer, the model and the data comes from YAML or the command line (`study fit --help`,
 `study fit --print_config`). Bad input ends in one line naming it, before anything heavy is built: a YAML syntax
 error as file:line:column, an unknown option or a bad value with its key, a damaged `--ckpt_path` with what to do.
-A run that a `NonFiniteGuard` stopped is not a success (exit code 1).
+A misspelt option gets the closest one (difflib). A run that a `NonFiniteGuard` stopped is not a success (exit
+code 1).
+
+The console: Lightning's progress bar and model summary without their meaningless columns (``v_num``, "Epoch
+0/-2" under ``max_steps``, a FLOPs column of zeros), and a last line naming the log folder and the final metrics.
+The configs log under ``logs/fit/<config>/version_<n>``, apart from the sweeps' ``logs/<sweep>/``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+import lightning as L
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+from typing_extensions import override
 
+from study import tags
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
 from study.data import TextDataModule
 from study.errors import ConfigError, load_yaml, one_line
 from study.model import CausalLMModule
+
+_summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+
+
+class _WithoutVersion:
+    """A progress bar without Lightning's ``v_num`` column (the logger's version number, not a metric)."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float | dict]:
+        items = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        items.pop("v_num", None)
+        return items
+
+
+class StudyRichProgressBar(_WithoutVersion, RichProgressBar):
+    """Lightning's rich progress bar, without ``v_num`` and without "Epoch 0/-2" when the run is bounded by
+    ``max_steps`` (Lightning sets ``max_epochs = -1`` then)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:  # Lightning's own (private) hook for the label
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            return super()._get_train_description(current_epoch)
+        return f"Epoch {current_epoch}"
+
+
+class StudyTQDMProgressBar(_WithoutVersion, TQDMProgressBar):
+    """Lightning's tqdm progress bar, without ``v_num``."""
+
+
+class StudyModelSummary(ModelSummary):
+    """Lightning's model summary without its FLOPs column and total when they are 0 (Lightning counts FLOPs only
+    for a module with an ``example_input_array``; ours has none, so the column is a row of zeros)."""
+
+    @staticmethod
+    @override
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if total_flops:
+            ModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                   total_training_modes, total_flops, **summarize_kwargs)
+            return
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes, 0,
+                                      *columns)
+        _summary_log.info("\n" + "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops")))
+
+
+# Lightning's defaults -> the study's versions (exact types only: a user's own subclass is kept as it is).
+_CONSOLE_CALLBACKS = {
+    RichProgressBar: StudyRichProgressBar,
+    TQDMProgressBar: StudyTQDMProgressBar,
+    ModelSummary: StudyModelSummary,
+    RichModelSummary: StudyModelSummary,
+}
+
+
+def quiet_console(trainer: L.Trainer) -> None:
+    """Swap Lightning's default progress bar and model summary for versions without its meaningless columns."""
+    for i, callback in enumerate(trainer.callbacks):
+        replacement = _CONSOLE_CALLBACKS.get(type(callback))
+        if replacement is StudyModelSummary:
+            trainer.callbacks[i] = StudyModelSummary(max_depth=callback._max_depth)
+        elif replacement is not None:
+            trainer.callbacks[i] = replacement()
 
 
 class StudyCLI(LightningCLI):
@@ -30,6 +111,12 @@ class StudyCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as err:  # noqa: BLE001 - every failure to build from the config is the config's
             raise ConfigError(one_line(err)) from err
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        quiet_console(trainer)
+        return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
         # The model embeds exactly the tokenizer's vocabulary and checks the block size against its context.
@@ -86,7 +173,8 @@ def check_fit_args(args: list[str]) -> str | None:
             save_config_callback=None,
         )
     except Exception as err:  # noqa: BLE001 - the parser's own message is the answer
-        return one_line(err)
+        hint = closest_option(one_line(err))
+        return one_line(err) + (f"; did you mean --{hint}?" if hint else "")
     finally:
         sys.argv = argv
     return None
@@ -106,12 +194,22 @@ def _has_omegaconf() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`study fit|validate|test ...` (the verb first, as LightningCLI takes it); errors propagate to `study.cli`."""
+    """`study fit|validate|test ...` (the verb first, as LightningCLI takes it); errors propagate to `study.cli`.
+
+    Ends with one line naming the log folder and the final metrics."""
     for path in _config_files(argv):
         load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
     _check_ckpt_path(argv)
-    cli = lightning_main(argv)
+    try:
+        cli = lightning_main(argv)
+    except Exception as err:  # noqa: BLE001 - re-raised, with the closest option name when one is misspelt
+        hint = closest_option(one_line(err))
+        if hint:
+            raise ConfigError(f"{one_line(err)}; did you mean --{hint}?") from None
+        raise
     diverged = _diverged(cli)
+    verb = argv[0] if argv else "fit"
+    print(f"study {verb}: {final_line(getattr(cli, 'trainer', None))}")
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
         return 1
@@ -133,6 +231,66 @@ def trained_nothing(trainer) -> str | None:
         f"trained no step (max_steps={trainer.max_steps}, limit_train_batches={trainer.limit_train_batches}): "
         "the run is not a result"
     )
+
+
+SHOWN_METRICS = (tags.VAL_LOSS, tags.VAL_PPL, tags.TRAIN_LOSS)
+
+
+def final_line(trainer) -> str:
+    """Where the run's logs are and what it ended with: ``logs in logs/fit/default/version_0; val/loss 3.2, ...``."""
+    log_dir = getattr(trainer, "log_dir", None) if trainer is not None else None
+    metrics = getattr(trainer, "callback_metrics", {}) or {}
+    shown = [f"{tag} {float(metrics[tag]):.4g}" for tag in SHOWN_METRICS if tag in metrics]
+    where = f"logs in {log_dir}" if log_dir else "no logger"
+    return f"{where}; " + (", ".join(shown) if shown else "no metric logged") + f" (step {getattr(trainer, 'global_step', 0)})"
+
+
+def _option_classes() -> dict[str, type]:
+    import lightning as L
+
+    return {"trainer": L.Trainer, "model": CausalLMModule, "data": TextDataModule}
+
+
+def _options_of(prefix: str) -> list[str]:
+    """The init arguments of the class an option prefix (`model.attention`) configures; [] when unknown."""
+    import inspect
+    import typing
+
+    parts = prefix.split(".")
+    cls = _option_classes().get(parts[0])
+    for part in parts[1:]:
+        if cls is None:
+            return []
+        try:
+            hint = typing.get_type_hints(cls.__init__).get(part)
+        except Exception:  # noqa: BLE001 - an unresolvable annotation: no suggestion
+            return []
+        cls = next((c for c in (*typing.get_args(hint), hint) if inspect.isclass(c) and c is not type(None)), None)
+    if cls is None:
+        return []
+    return [name for name in inspect.signature(cls).parameters if name not in ("self", "args", "kwargs")]
+
+
+def closest_option(message: str) -> str | None:
+    """The dotted option a parser message about an unknown one most likely meant (difflib), else None.
+
+    Reads jsonargparse's two forms: ``--model.attention: Option 'temprature' is not accepted`` and
+    ``unrecognized arguments: --trainer.max_stepz=3``.
+    """
+    import difflib
+    import re
+
+    found = re.search(r"--([\w.]+): Option '(\w+)' is not accepted", message)
+    if found:
+        prefix, name = found.groups()
+    elif found := re.search(r"unrecognized arguments: --([\w.]+)", message):
+        prefix, _, name = found.group(1).rpartition(".")
+        if not prefix:
+            return None
+    else:
+        return None
+    close = difflib.get_close_matches(name, _options_of(prefix), n=1)
+    return f"{prefix}.{close[0]}" if close else None
 
 
 def _check_ckpt_path(argv: list[str]) -> None:

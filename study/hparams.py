@@ -5,19 +5,25 @@ TensorBoard's HParams tab shows the hyperparameters an *experiment* declares, sw
 others, so nothing "differs" and the columns come out in name order (``attention/alpha`` ... with
 ``attention/temperature`` off screen). So:
 
-- a sweep declares the experiment once, in its own folder, with every swept setting's discrete domain marked
-  ``differs`` and listed first, constants after, and the metrics the runs are compared by (`write_experiment`);
-- each run of a sweep writes only its session (its values; `write_session` with ``experiment=False``);
+- a sweep declares the experiment once, in ``<sweep>/hparams.json``, with every swept setting's discrete domain
+  marked ``differs`` and listed first, constants after, and the metrics the runs are compared by
+  (`write_experiment`); each of its runs writes that declaration and its session into its own event file
+  (`write_session` with ``experiment=<that file>``). The declaration is not an event folder of its own: TensorBoard
+  would list such a folder as a run with no data;
 - a run on its own (`study fit`) declares a one-run experiment in which the attention spec's axes
   (`STUDY_AXES`) count as differing, so temperature, top-k and normaliser still come first.
 
 Only one experiment may be visible under a TensorBoard logdir (TensorBoard takes the first it finds): open a
-sweep's folder (``tensorboard --logdir logs/<sweep>``) to compare its runs.
+sweep's folder (``make tensorboard SWEEP=<sweep>``) to compare its runs.
+
+The metrics are the numbers a run ends with: validation loss and perplexity, the layer-mean attention entropy and
+Jacobian on validation, and the last training step's loss and gradient norms (HParams shows each tag's last value).
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,11 +44,21 @@ from study import tags
 STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer"))
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
 
-HPARAMS_METRICS = (tags.VAL_LOSS, tags.VAL_PPL, tags.TRAIN_LOSS)
-"""The metrics HParams compares runs by."""
+HPARAMS_METRICS = {
+    tags.VAL_LOSS: "val loss",
+    tags.VAL_PPL: "val perplexity",
+    tags.val(tags.attention("entropy")): "val entropy (layer mean, nats)",
+    tags.val(tags.attention("normalized_entropy")): "val H / log n (layer mean)",
+    tags.val(tags.jacobian("mean")): "val attention Jacobian (mean)",
+    tags.TRAIN_LOSS: "train loss (last step)",
+    tags.GRAD_NORM: "grad norm (last logged step)",
+    tags.GRAD_Q: "W_q grad norm (last logged step)",
+    tags.GRAD_K: "W_k grad norm (last logged step)",
+}
+"""The metrics HParams compares runs by (their columns), with the names the columns show."""
 
-EXPERIMENT_DIR = "hparams"
-"""A sweep's experiment declaration lives in ``<sweep>/hparams/``."""
+EXPERIMENT_FILE = "hparams.json"
+"""A sweep's experiment declaration: ``<sweep>/hparams.json``, written into every run's events."""
 
 Scalar = bool | int | float | str
 
@@ -66,7 +82,8 @@ def _kind(values: Sequence[Scalar]) -> int:
 
 def hparam_info(name: str, values: Sequence[Scalar], differs: bool) -> api_pb2.HParamInfo:
     """One hyperparameter with its discrete domain (distinct values, sorted); strings for mixed types."""
-    distinct = sorted(set(values), key=lambda v: (str(type(v)), v))
+    # numbers in order, and text that is a number before other text: top-k "4", "8", "16", "all"
+    distinct = sorted(set(values), key=lambda v: (str(type(v)), *((0, int(v), "") if str(v).isdigit() else (1, 0, v))))
     kind = _kind(distinct)
     info = api_pb2.HParamInfo(name=name, type=kind, differs=differs)
     for value in distinct:
@@ -80,9 +97,13 @@ def hparam_info(name: str, values: Sequence[Scalar], differs: bool) -> api_pb2.H
 
 
 def experiment_summary(
-    hparams: Mapping[str, Sequence[Scalar]], metrics: Sequence[str], description: str = "", differs: Sequence[str] = ()
+    hparams: Mapping[str, Sequence[Scalar]],
+    metrics: Sequence[str] | Mapping[str, str],
+    description: str = "",
+    differs: Sequence[str] = (),
 ):
-    """The experiment declaration: ``hparams`` maps each name to the values its runs take.
+    """The experiment declaration: ``hparams`` maps each name to the values its runs take; ``metrics`` are tags, or
+    {tag: the column's name}.
 
     A hyperparameter with more than one value, or named in ``differs``, is marked as differing and listed first
     (in the order given); the rest follow in name order.
@@ -92,7 +113,8 @@ def experiment_summary(
     varied = [n for n in hparams if len(set(hparams[n])) > 1 or n in differs]
     constant = sorted(n for n in hparams if n not in varied)
     infos = [hparam_info(n, hparams[n], True) for n in varied] + [hparam_info(n, hparams[n], False) for n in constant]
-    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m)) for m in metrics]
+    names = metrics if isinstance(metrics, Mapping) else {}
+    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m), display_name=names.get(m, "")) for m in metrics]
     experiment = api_pb2.Experiment(
         description=description, time_created_secs=time.time(), hparam_infos=infos, metric_infos=metric_infos
     )
@@ -106,18 +128,26 @@ def _writer(logger_or_writer: Any):
 
 
 def write_session(
-    logger: Any, params: Mapping[str, Scalar], metrics: Sequence[str], experiment: bool = True, group: str = ""
+    logger: Any,
+    params: Mapping[str, Scalar],
+    metrics: Sequence[str] | Mapping[str, str],
+    experiment: bool | str | Path = True,
+    group: str = "",
 ) -> None:
-    """Write a run's HParams session (its values), and with ``experiment`` a one-run experiment declaration.
+    """Write a run's HParams session (its values), and an experiment declaration: with ``experiment`` True a
+    one-run experiment, with a path the sweep's declaration that `write_experiment` left there (none if the file is
+    missing, e.g. a run started alone with ``--run-index`` before any sweep process declared it).
 
     No metric values are written: the HParams view reads the metrics' own scalar curves. (Lightning's
     `log_hyperparams(params, metrics)` would log the metrics at step 0 and put a made-up point on the curves.)
     ``group`` puts runs that differ only by seed in one HParams group.
     """
     writer = _writer(logger)
-    if experiment:
+    if experiment is True:
         one_run = {name: [value] for name, value in params.items()}
         writer.add_summary(experiment_summary(one_run, metrics, differs=[a for a in STUDY_AXES if a in params]))
+    elif experiment and Path(experiment).is_file():
+        writer.add_summary(read_experiment(Path(experiment)))
     start = plugin_data_pb2.SessionStartInfo(group_name=group, start_time_secs=time.time())
     for name, value in params.items():
         kind = _kind([value])
@@ -135,33 +165,40 @@ def write_session(
 
 
 def write_experiment(
-    sweep_dir: Path, hparams: Mapping[str, Sequence[Scalar]], metrics: Sequence[str], description: str = ""
+    sweep_dir: Path,
+    hparams: Mapping[str, Sequence[Scalar]],
+    metrics: Sequence[str] | Mapping[str, str],
+    description: str = "",
 ) -> Path:
-    """Declare a sweep's experiment in ``<sweep_dir>/hparams/`` (replacing an earlier declaration); returns it."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Declare a sweep's experiment in ``<sweep_dir>/hparams.json`` (replacing an earlier declaration, atomically:
+    several sweep workers may declare at once); returns the file. Its runs copy it into their events."""
+    path = Path(sweep_dir) / EXPERIMENT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    declaration = {
+        "hparams": {name: list(values) for name, values in hparams.items()},
+        "metrics": dict(metrics) if isinstance(metrics, Mapping) else {m: "" for m in metrics},
+        "description": description,
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(declaration, indent=1))
+    tmp.replace(path)
+    return path
 
-    folder = Path(sweep_dir) / EXPERIMENT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    # Several sweep workers may declare at once: one at a time, so exactly one declaration is left.
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for old in folder.glob("events.out.tfevents.*"):
-            old.unlink()  # a rerun with a changed plan declares afresh; one declaration per folder
-        writer = SummaryWriter(log_dir=str(folder))
-        try:
-            writer._get_file_writer().add_summary(experiment_summary(hparams, metrics, description))
-        finally:
-            writer.close()
-    return folder
+
+def read_experiment(path: Path) -> Summary:
+    """The experiment declaration `write_experiment` wrote to ``path``."""
+    declaration = json.loads(Path(path).read_text())
+    return experiment_summary(declaration["hparams"], declaration["metrics"], declaration.get("description", ""))
 
 
 __all__ = [
-    "EXPERIMENT_DIR",
+    "EXPERIMENT_FILE",
     "EXPERIMENT_TAG",
     "HPARAMS_METRICS",
     "STUDY_AXES",
     "experiment_summary",
     "hparam_info",
+    "read_experiment",
     "write_experiment",
     "write_session",
 ]

@@ -55,7 +55,8 @@ class CausalLMModule(L.LightningModule):
         warmup_steps: linear warm-up steps before the cosine decay.
         min_lr_ratio: final learning rate as a fraction of the peak at the end of cosine decay.
         hparams_experiment: declare a one-run TensorBoard HParams experiment (temperature, top-k and normaliser
-            first). `study sweep` sets False and declares one experiment for all its runs (`study.hparams`).
+            first); False: none; a path: the sweep's declaration of one experiment for all its runs
+            (`<sweep>/hparams.json`, `study.hparams`), which `study sweep` passes.
         hparams_session: write this run's HParams session (its settings and metrics as a row of the HParams table).
             A sweep's pretraining run sets False: it is the base of the sweep's runs, not one of its settings.
 
@@ -84,7 +85,7 @@ class CausalLMModule(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
-        hparams_experiment: bool = True,
+        hparams_experiment: bool | str = True,
         hparams_session: bool = True,
     ) -> None:
         super().__init__()
@@ -139,8 +140,11 @@ class CausalLMModule(L.LightningModule):
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
         loss = self._loss(batch)
+        ppl = torch.exp(loss.detach().float().clamp(max=50))
         self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
-        self.log(tags.TRAIN_PPL, torch.exp(loss.detach().float().clamp(max=50)))
+        self.log(tags.TRAIN_PPL, ppl)
+        # the same values under the names that lead TensorBoard's pages (`tags.LEADING`)
+        self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl})
         return loss
 
     @override
@@ -153,8 +157,10 @@ class CausalLMModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.val_loss.reset()
+        ppl = torch.exp(loss.float().clamp(max=50))
         self.log(tags.VAL_LOSS, loss, prog_bar=True)
-        self.log(tags.VAL_PPL, torch.exp(loss.float().clamp(max=50)))
+        self.log(tags.VAL_PPL, ppl)
+        self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl})
 
     @override
     def configure_optimizers(self) -> OptimizerLRScheduler:

@@ -48,6 +48,14 @@ def attention(statistic: str, layer: int | None = None, head: int | None = None)
     return f"attention/{statistic}/layer_{layer}" + ("" if head is None else f"/head_{head}")
 
 
+def attention_spread(statistic: str, end: str) -> str:
+    """``attention/{statistic}/layer_min`` or ``.../layer_max``: the smallest or largest layer value (``end`` "min" or
+    "max"), the band around the layer mean in the custom-scalars charts."""
+    if end not in ("min", "max"):
+        raise ValueError(f"end must be 'min' or 'max', got {end!r}")
+    return f"attention/{statistic}/layer_{end}"
+
+
 def attention_layers_regex(statistic: str, phase_prefix: str = "") -> str:
     """A regular expression matching every ``attention/{statistic}/layer_{l}`` tag (the layout's charts)."""
     return "^" + re.escape(phase_prefix + f"attention/{statistic}/layer_") + r"\d+$"
@@ -76,6 +84,14 @@ def by_visible_regex(statistic: str, phase_prefix: str = "") -> str:
     return "^" + re.escape(phase_prefix + by_visible_prefix(statistic)) + r"(\d+)$"
 
 
+def over_visible(statistic: str) -> str:
+    """``attention/over_visible_n/{statistic}``: the last validation's Lemma 1 bins as one curve whose STEP IS n (the
+    bin's smallest visible count), written once at the end of training, so TensorBoard draws it against n."""
+    return f"attention/over_visible_n/{statistic}"
+
+
+OVER_VISIBLE_UNIFORM = over_visible("uniform_max_weight")  # 1/n: the max weight of a uniform row over n keys
+
 ENTROPY_HEADS_HISTOGRAM = "attention/normalized_entropy/heads"
 
 
@@ -103,6 +119,42 @@ GRAD_NORM = grad_norm("total")  # before clipping
 GRAD_NORM_CLIPPED = grad_norm("total_clipped")
 GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
 GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
+
+
+# ---- the run-level scalars that lead TensorBoard's Scalars / Time Series pages ---------------------------------
+# TensorBoard groups tags by their first path component and sorts the groups by name, upper case before lower
+# case, and opens the first two groups; so the few numbers a run is judged by are copied (same values, same steps)
+# into `Summary/` (training steps) and `Summary_val/` (validation epochs), ahead of the per-layer detail in
+# `attention/`, `grad_norm/` and `val/`. The monitors and the LightningModule write the copy beside the original.
+SUMMARY_GROUP = "Summary"
+SUMMARY_VAL_GROUP = "Summary_val"
+
+
+def _leading_tags() -> dict[str, str]:
+    train = {
+        TRAIN_LOSS: "loss",
+        TRAIN_PPL: "perplexity",
+        attention("entropy"): "entropy_layer_mean",
+        attention("normalized_entropy"): "normalized_entropy_layer_mean",
+        jacobian("mean"): "attention_jacobian_layer_mean",
+        GRAD_NORM: "grad_norm_total",
+        GRAD_Q: "grad_norm_W_q",
+        GRAD_K: "grad_norm_W_k",
+    }
+    out = {tag: f"{SUMMARY_GROUP}/{name}" for tag, name in train.items()}
+    val_tags = {VAL_LOSS: "loss", VAL_PPL: "perplexity"}
+    val_tags.update({val(tag): name for tag, name in train.items() if tag.startswith("attention/")})
+    out.update({tag: f"{SUMMARY_VAL_GROUP}/{name}" for tag, name in val_tags.items()})
+    return out
+
+
+LEADING = _leading_tags()
+"""{tag as its monitor writes it: its copy in the leading group}; `leading_copies` applies it."""
+
+
+def leading_copies(metrics: dict[str, float]) -> dict[str, float]:
+    """The leading-group copies of those ``metrics`` that lead (none for the rest)."""
+    return {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
 
 
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------

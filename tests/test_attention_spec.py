@@ -36,7 +36,7 @@ def test_layers_from_yaml_lists_become_tuples_and_select():
 
 def test_hparams_are_scalars():
     hp = AttentionSpec(temperature=0.1, top_k=None).as_hparams()
-    assert hp["temperature"] == 0.1 and hp["top_k"] == 0 and hp["normalizer"] == "softmax"
+    assert hp["temperature"] == 0.1 and hp["top_k"] == "all" and AttentionSpec(top_k=8).as_hparams()["top_k"] == "8" and hp["normalizer"] == "softmax"
     assert all(isinstance(v, (int, float, str, bool)) for v in hp.values())
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from study import tags
 from study.attention import AttentionSpec
 from study.callbacks import (
     AttentionEntropyMonitor,
@@ -161,6 +162,8 @@ def test_attention_map_and_layout(tmp_path):
         maps_module.draw_attention_map = original
     acc = events(tmp_path)
     assert acc.Tags()["images"] == ["attention_map/layer_1/head_0"]
+    # before any update (step 0) and at the end; every_n_steps = 500 would otherwise allow only one
+    assert [image.step for image in acc.Images("attention_map/layer_1/head_0")] == [0, 2]
     image = acc.Images("attention_map/layer_1/head_0")[0]
     assert image.width > 200 and image.height > 200  # a rendered figure, not a 16 x 16 grey map
     expected = np.tril(1.0 / np.arange(1, L_SEQ + 1)[:, None] * np.ones((1, L_SEQ)))
@@ -202,13 +205,33 @@ def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
         LlamaModule(AttentionSpec(temperature=0.5)), token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1)
     )
     logged = set(scalars(tmp_path))
+    module_tags = (tags.TRAIN_LOSS, tags.TRAIN_PPL, tags.VAL_LOSS, tags.VAL_PPL)  # CausalLMModule's, not a monitor's
     for category, charts in custom_scalars_layout().items():
-        for chart, (_, regexes) in charts.items():
+        for chart, (kind, regexes) in charts.items():
+            if kind == "Margin":  # exact tags: the layer mean, the smallest and the largest layer value
+                assert set(regexes) <= logged, (category, chart)
+                continue
+            if all(any(re.match(rx, tag) for tag in module_tags) for rx in regexes):
+                continue
             assert any(re.match(rx, tag) for rx in regexes for tag in logged), (category, chart)
     values = scalars(tmp_path)
     bins = sorted(int(t.rsplit("/n", 1)[1]) for t in logged if t.startswith("val/attention/by_visible/max_weight/"))
     assert bins == [1, 2, 4, 8, 16]
     assert values["val/attention/by_visible/max_weight/n1"][-1][1] == pytest.approx(1.0)
+    # the same bins as one curve whose step is n, beside 1/n
+    over_n = values[tags.val(tags.over_visible("max_weight"))]
+    assert [step for step, _ in over_n] == bins
+    assert [v for _, v in over_n] == pytest.approx([values[f"val/attention/by_visible/max_weight/n{n}"][-1][1] for n in bins])
+    assert values[tags.val(tags.OVER_VISIBLE_UNIFORM)] == [(n, pytest.approx(1 / n)) for n in bins]
+    # the band: the smallest and largest layer values around the layer mean, exact from the per-layer tags
+    for prefix in ("", "val/"):
+        layer_values = [values[f"{prefix}attention/entropy/layer_{i}"][-1][1] for i in range(2)]
+        assert values[prefix + tags.attention_spread("entropy", "min")][-1][1] == pytest.approx(min(layer_values))
+        assert values[prefix + tags.attention_spread("entropy", "max")][-1][1] == pytest.approx(max(layer_values))
+    # the run-level copies that lead TensorBoard's pages hold the same values as their sources
+    for source, copy in tags.LEADING.items():
+        if source in values:
+            assert values[copy] == values[source], copy
     for tag in ("attention/saturated/mean", "attention/selection_entropy_k2/mean", "attention/jacobian/frac_saturated"):
         assert 0.0 <= values[tag][0][1] <= math.log(2) + 1e-6, tag
 

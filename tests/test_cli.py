@@ -92,3 +92,46 @@ def test_the_monitors_former_topk_key_is_refused_naming_the_new_one(text_files, 
     with pytest.raises((SystemExit, ValueError)) as info:
         lightning_main(fit_args(text_files, tmp_path, "--config", str(config))[1:], run=False)
     assert "`topk` is now `selection_ks`" in str(info.value) and "selection_ks: [1, 4]" in str(info.value)
+
+
+def test_study_fit_ends_with_its_log_folder_and_final_metrics(text_files, tmp_path, capsys):
+    """One line naming where the logs are and what the run ended with, read back from the trainer's own metrics;
+    Lightning's meaningless console columns are gone (no v_num in the progress bar, no FLOPs column)."""
+    from study.cli import main
+    from study.fit import StudyModelSummary, StudyRichProgressBar, StudyTQDMProgressBar, quiet_console
+
+    args = [a for a in fit_args(text_files, tmp_path) if a != "--trainer.enable_progress_bar=false"]
+    assert main(args) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    run = tmp_path / "logs" / "default" / "version_0"
+    assert last.startswith(f"study fit: logs in {run}; val/loss ") and last.endswith("(step 2)"), last
+    val_loss = float(last.split("val/loss ")[1].split(",")[0])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = EventAccumulator(str(run)).Reload().Scalars("val/loss")[-1].value
+    assert val_loss == pytest.approx(logged, rel=1e-3)
+
+    import lightning as L
+
+    trainer = L.Trainer(logger=False, enable_checkpointing=False)
+    quiet_console(trainer)
+    kinds = {type(cb) for cb in trainer.callbacks}
+    assert StudyModelSummary in kinds and kinds & {StudyRichProgressBar, StudyTQDMProgressBar}
+
+
+def test_closest_option_reads_both_parser_messages():
+    from study.fit import closest_option
+
+    assert closest_option("--model.attention: Option 'temprature' is not accepted") == "model.attention.temperature"
+    assert closest_option("unrecognized arguments: --data.batch_sise=3") == "data.batch_size"
+    assert closest_option("unrecognized arguments: --trainer.zzzzzz=3") is None
+    assert closest_option("--model.attention: temperature must be finite and > 0") is None
+
+
+def test_configs_log_apart_from_the_sweeps():
+    """`study fit --config configs/<c>.yaml` logs under logs/fit/<c>/, never into a sweep's logs/<sweep>/ folder."""
+    import yaml
+
+    for config in sorted((ROOT / "configs").glob("*.yaml")):
+        logger = yaml.safe_load(config.read_text())["trainer"]["logger"]["init_args"]
+        assert logger["save_dir"] == "logs/fit" and logger["name"] == config.stem, config.name

@@ -60,7 +60,13 @@ def test_a_bad_value_or_option_is_one_line_naming_it(text_files, tmp_path, capsy
     ]
     assert main(fit_args(text_files, tmp_path, "--trainer.max_stepz=3")) == 2
     assert error_lines(capsys) == [
-        "study fit: unrecognized arguments: --trainer.max_stepz=3  (--verbose shows the traceback)"
+        "study fit: unrecognized arguments: --trainer.max_stepz=3; did you mean --trainer.max_steps?  "
+        "(--verbose shows the traceback)"
+    ]
+    assert main(fit_args(text_files, tmp_path, "--model.attention.temprature=0.1")) == 2
+    assert error_lines(capsys) == [
+        "study fit: --model.attention: Option 'temprature' is not accepted; did you mean "
+        "--model.attention.temperature?  (--verbose shows the traceback)"
     ]
     assert main(fit_args(text_files, tmp_path, "--trainer.max_steps=abc")) == 2
     assert (

@@ -40,13 +40,23 @@ def test_swept_settings_first_with_their_domains():
 def test_written_experiment_and_session(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    folder = write_experiment(tmp_path, {"attention/temperature": [0.1, 1.0], "lr": [3e-4]}, ["val/loss"])
-    write_experiment(tmp_path, {"attention/temperature": [0.3, 1.0], "lr": [3e-4]}, ["val/loss"])  # replaces
-    acc = EventAccumulator(str(folder)).Reload()
-    (content,) = acc.PluginTagToContent(metadata.PLUGIN_NAME).values()
-    experiment = metadata.parse_experiment_plugin_data(content)
+    declared = write_experiment(tmp_path, {"attention/temperature": [0.1, 1.0], "lr": [3e-4]}, ["val/loss"])
+    write_experiment(tmp_path, {"attention/temperature": [0.3, 1.0], "attention/top_k": ["all", "16", "4"],
+                                "lr": [3e-4]}, {"val/loss": "val loss"})  # replaces
+    assert declared == tmp_path / "hparams.json" and list(tmp_path.iterdir()) == [declared]  # no events folder
+
+    # A sweep's run writes the sweep's declaration and its session into its own events: no extra run.
+    swept = tmp_path / "swept"
+    writer = SummaryWriter(str(swept))
+    write_session(writer, {"attention/temperature": 0.3, "attention/top_k": "4", "lr": 3e-4}, {"val/loss": "val loss"},
+                  experiment=declared)
+    writer.close()
+    content = EventAccumulator(str(swept)).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
     assert [v.number_value for v in experiment.hparam_infos[0].domain_discrete.values] == [0.3, 1.0]
-    assert len(list(folder.glob("events.out.tfevents.*"))) == 1
+    top_k = experiment.hparam_infos[1]
+    assert top_k.name == "attention/top_k" and [v.string_value for v in top_k.domain_discrete.values] == ["4", "16", "all"]
+    assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == [("val/loss", "val loss")]
 
     run = tmp_path / "run"
     writer = SummaryWriter(str(run))

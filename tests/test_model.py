@@ -72,7 +72,7 @@ def test_fit_logs_losses_and_hparams(tmp_path):
     assert len(val) == 2 and ppl == pytest.approx([math.exp(v) for v in val], rel=1e-5)
     hparams = SummaryReader(str(tmp_path / "run" / "version_0")).hparams
     values = dict(zip(hparams.tag, hparams.value))
-    assert values["attention/temperature"] == pytest.approx(0.3) and values["attention/top_k"] == 4
+    assert values["attention/temperature"] == pytest.approx(0.3) and values["attention/top_k"] == "4"
 
 
 def test_validation_loss_is_token_weighted_mean():

@@ -158,3 +158,42 @@ def test_unfinished_and_failed_runs_never_count_as_replicates(tmp_path):
             "failed, `T0.1_kall_softmax_s5` missing)") in mixed
     runs_table = section(mixed, "## Runs", "## Figures")
     assert all(f"| T0.1_kall_softmax_s{seed} |" in runs_table for seed in range(6))
+
+
+def test_figures_show_their_data(tmp_path, monkeypatch):
+    """One validation per run is a point with a marker; a panel with nothing to show says why; the heatmap's numbers
+    share one format and stay readable on their cell's colour."""
+    from types import SimpleNamespace
+
+    import matplotlib.colors
+
+    from study.report import figures as F
+    from study.report import summary as S
+    from study.report import tags as report_tags
+    from study.report.summary import Summary
+
+    drawn = {}
+    monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
+    ppl = {0.01: 2230.0, 0.1: 900.0, 1.0: 595.0}
+    run = SimpleNamespace(series=lambda tag: [(24, 700.0)] if tag == report_tags.VAL_PPL else [(0, 7.0), (5, 6.5), (10, 6.4), (15, 6.3)])
+    summaries = [Summary(f"T{t}_k{k}_s{seed}", t, k, seed=seed, final={report_tags.VAL_PPL: p},
+                         values={S.SPIKES: 0, S.CLIPPED: 0.0}, run=run)
+                 for t, p in ppl.items() for k in (None, 8) for seed in (0, 1)]
+
+    F.curves(summaries, tmp_path)
+    loss_ax, ppl_ax = drawn["curves.png"].axes[:2]
+    assert all(line.get_marker() == "o" for line in ppl_ax.lines)  # single points drawn
+    assert all(line.get_marker() in (None, "None", "") for line in loss_ax.lines)  # long curves stay lines
+
+    F.stability(summaries, tmp_path)
+    spikes, diverged, clipped = drawn["stability_vs_T.png"].axes[:3]
+    assert [t.get_text() for t in spikes.texts] == ["0 at every T (12 runs)"]
+    assert "clipping off" in clipped.texts[0].get_text() and not clipped.patches
+
+    F.ppl_heatmap(summaries, tmp_path)
+    ax = drawn["ppl_heatmap.png"].axes[0]
+    cells = {t.get_text(): t.get_color() for t in ax.texts}
+    assert set(cells) == {"2,230", "900", "595"}  # one format, no 2.23e+03 beside 595
+    # the darkest cell (highest perplexity on magma_r) gets white text, the lightest black
+    assert matplotlib.colors.to_rgb(cells["2,230"]) == (1.0, 1.0, 1.0)
+    assert matplotlib.colors.to_rgb(cells["595"]) == (0.0, 0.0, 0.0)

@@ -66,7 +66,8 @@ def test_sweep_creates_runs_then_skips_them(tmp_path, capsys):
     sweep = tmp_path / "logs" / "tiny"
     folders = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     names = sorted(["T0.1_kall_softmax_s0", "T0.1_k2_softmax_s0", "T1_kall_softmax_s0", "T1_k2_softmax_s0"])
-    assert folders == names + ["hparams"]  # hparams/: the sweep's one TensorBoard HParams experiment
+    assert folders == names  # no events folder beside the runs: TensorBoard would list it as an empty run
+    assert (sweep / "hparams.json").is_file()  # the sweep's one HParams experiment, copied into each run's events
     plan = json.loads((sweep / "plan.json").read_text())
     assert [r["name"] for r in plan["runs"]] == [
         "T0.1_kall_softmax_s0",

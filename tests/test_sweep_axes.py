@@ -39,7 +39,7 @@ def test_a_swept_learning_rate_reaches_options_names_and_hparams(tmp_path):
     assert plan.runs[1].resolved["model"]["learning_rate"] == 0.003
     domains = plan.hparams_domains()
     assert domains["learning_rate"] == [1e-3, 3e-3] and domains["attention/temperature"] == [0.5, 0.5]
-    assert domains["attention/top_k"] == [0, 0]  # k = all is 0 in HParams, as the module writes it
+    assert domains["attention/top_k"] == ["all", "all"]  # labelled as the module writes it
 
 
 def test_an_axis_left_out_takes_the_value_the_runs_get(tmp_path):

@@ -122,11 +122,11 @@ class AttentionSpec:
         return self.layers is None or layer is None or layer in self.layers
 
     def as_hparams(self) -> dict[str, object]:
-        """Flat, TensorBoard-friendly hyperparameters (HParams needs scalars; None becomes 0 = all keys)."""
+        """Flat, TensorBoard-friendly hyperparameters (HParams needs scalars: top-k is "all" or the k as text)."""
         hparams: dict[str, object] = {
             "normalizer": self.normalizer,
             "temperature": self.temperature,
-            "top_k": self.top_k or 0,
+            "top_k": top_k_hparam(self.top_k),
             "layers": "all" if self.layers is None else ",".join(map(str, self.layers)),
             "learnable": self.is_learnable,
         }
@@ -144,3 +144,9 @@ class AttentionSpec:
 
 
 STOCK = AttentionSpec()
+
+
+def top_k_hparam(top_k: int | None) -> str:
+    """Top-k as HParams shows it: "all" (every visible key) or the k. Text for both: one column holds one type, and
+    a number column would show "all" as 0."""
+    return "all" if top_k is None else str(top_k)

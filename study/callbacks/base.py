@@ -69,10 +69,12 @@ def write_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> N
     """Write already-reduced scalars from rank 0 to every logger (the way `LearningRateMonitor` does).
 
     Written directly rather than through ``self.log``: Lightning would only forward step metrics every
-    ``log_every_n_steps``, silently dropping a monitor's steps that fall between.
+    ``log_every_n_steps``, silently dropping a monitor's steps that fall between. The tags of `tags.LEADING` are
+    also written under their leading name.
     """
     if not metrics or not trainer.is_global_zero:
         return
+    metrics = {**metrics, **tags.leading_copies(metrics)}  # the few that lead TensorBoard's pages, copied there
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
 

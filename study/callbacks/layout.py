@@ -1,4 +1,5 @@
-"""A TensorBoard custom-scalars layout for the monitors: one chart for all layers' curves of a statistic."""
+"""A TensorBoard custom-scalars layout for the monitors: run-level charts first (layer means with the band over
+layers, readable with many runs), the dilution curve over n, gradients, and the per-layer charts last, closed."""
 
 from __future__ import annotations
 
@@ -17,28 +18,61 @@ def _exact(*tag_names: str) -> list[str]:
     return ["^" + re.escape(t) + "$" for t in tag_names]
 
 
-def custom_scalars_layout() -> dict[str, dict[str, list]]:
-    """The layout `SummaryWriter.add_custom_scalars` takes: {category: {chart: ["Multiline", [tag regex, ...]]}}.
+def _band(statistic: str, phase_prefix: str = "") -> list:
+    """A margin chart: the layer mean with the band from the smallest to the largest layer value (one line and one
+    band per run, where a chart of every layer draws runs x layers lines)."""
+    names = (tags.attention(statistic), tags.attention_spread(statistic, "min"), tags.attention_spread(statistic, "max"))
+    return ["Margin", [phase_prefix + name for name in names]]
 
-    Tags are regular expressions built from `study.tags`, so the charts hold every layer whatever the model's depth.
+
+# Quantities that span decades across temperatures; the Custom Scalars charts have no log axis in their layout
+# (the Layout proto holds titles, tags and `closed` only): each such chart's own y-log button makes it readable.
+LOG_HINT = " (log axis: the chart's y-log button)"
+
+PER_LAYER = {
+    "entropy (nats)": "entropy",
+    "normalised entropy (1 = uniform)": "normalized_entropy",
+    "KL to uniform": "kl_uniform",
+    "effective support (keys)": "effective_support",
+    "saturated rows (max weight > 0.99)": "saturated",
+}
+
+CLOSED = ("attention per layer (train; select a few runs)", "attention per layer (validation; select a few runs)")
+"""Categories drawn closed: one line per layer and run (30 layers x 18 runs = 540 lines) are for a few runs."""
+
+
+def custom_scalars_layout() -> dict[str, dict[str, list]]:
+    """The layout `SummaryWriter.add_custom_scalars` takes: {category: {chart: ["Multiline" | "Margin", [tag, ...]]}}.
+
+    Tags are built from `study.tags`: exact names for the margin charts (layer mean, min and max), regular
+    expressions for the per-layer charts, so those hold every layer whatever the model's depth. The run-level
+    charts come first; the per-layer ones last, closed (`CLOSED`).
     """
-    per_layer = {
-        "entropy per layer (nats)": "entropy",
-        "normalised entropy per layer (1 = uniform)": "normalized_entropy",
-        "KL to uniform per layer": "kl_uniform",
-        "effective support per layer": "effective_support",
-        "saturated rows per layer (max weight > 0.99)": "saturated",
-        "attention Jacobian per layer": "jacobian",
-    }
     kinds = "|".join(KINDS)
+    val = tags.VAL_PREFIX
     layout: dict[str, dict[str, list]] = {
-        "attention (train)": {c: ["Multiline", [tags.attention_layers_regex(s)]] for c, s in per_layer.items()},
-        "attention (validation)": {
-            c: ["Multiline", [tags.attention_layers_regex(s, tags.VAL_PREFIX)]] for c, s in per_layer.items()
+        "run summary": {
+            "loss (train; validation as points)": ["Multiline", _exact(tags.TRAIN_LOSS, tags.VAL_LOSS)],
+            "perplexity" + LOG_HINT: ["Multiline", _exact(tags.TRAIN_PPL, tags.VAL_PPL)],
+            "entropy: layer mean, band = min..max over layers (nats)": _band("entropy"),
+            "normalised entropy: layer mean, band over layers": _band("normalized_entropy"),
+            "gradient norm, total and W_q / W_k" + LOG_HINT: [
+                "Multiline", _exact(tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K)],
+        },
+        "attention (train): layer mean, band = min..max over layers": {
+            chart: _band(statistic) for chart, statistic in PER_LAYER.items()
+        },
+        "attention (validation): layer mean, band = min..max over layers": {
+            chart: _band(statistic, val) for chart, statistic in PER_LAYER.items()
+        },
+        "dilution (Lemma 1): max weight against n, the x axis is n (last validation)": {
+            "max weight vs visible keys n, and 1/n (uniform)" + LOG_HINT: [
+                "Multiline", _exact(val + tags.over_visible("max_weight"), val + tags.OVER_VISIBLE_UNIFORM)],
         },
         "gradients": {
-            "gradient norm before / after clipping": ["Multiline", _exact(tags.GRAD_NORM, tags.GRAD_NORM_CLIPPED)],
-            "attention Jacobian (spectral norm) vs 1/(4T) and 1/(2T)": [
+            "gradient norm before / after clipping" + LOG_HINT: [
+                "Multiline", _exact(tags.GRAD_NORM, tags.GRAD_NORM_CLIPPED)],
+            "attention Jacobian (spectral norm) vs 1/(4T) and 1/(2T)" + LOG_HINT: [
                 "Multiline",
                 _exact(*(tags.jacobian(s) for s in ("mean", "max", "bound_quarter_T", "bound_half_T"))),
             ],
@@ -46,17 +80,35 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
                 "Multiline",
                 _exact(*(tags.jacobian(s) for s in tags.JACOBIAN_STATISTICS)),
             ],
-            "gradient norm per block": ["Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
-            "gradient norm per kind": ["Multiline", ["^" + re.escape(tags.grad_norm("")) + f"({kinds})$"]],
+            "gradient norm per block" + LOG_HINT: [
+                "Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
+            "gradient norm per kind" + LOG_HINT: ["Multiline", ["^" + re.escape(tags.grad_norm("")) + f"({kinds})$"]],
         },
-        "dilution (Lemma 1, validation)": {
-            "max weight by visible keys n": [
-                "Multiline",
-                [tags.by_visible_regex("max_weight", tags.VAL_PREFIX)],
-            ],
+        CLOSED[0]: {
+            chart: ["Multiline", [tags.attention_layers_regex(s)]]
+            for chart, s in {**PER_LAYER, "attention Jacobian": "jacobian"}.items()
+        },
+        CLOSED[1]: {
+            chart: ["Multiline", [tags.attention_layers_regex(s, val)]]
+            for chart, s in {**PER_LAYER, "attention Jacobian": "jacobian"}.items()
         },
     }
     return layout
+
+
+def layout_summary(layout: dict[str, dict[str, list]], closed: tuple[str, ...] = CLOSED):
+    """The custom-scalars summary of ``layout``, with the categories named in ``closed`` drawn closed (torch's
+    `custom_scalars` builds the Layout proto but cannot set `closed`)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from torch.utils.tensorboard.summary import custom_scalars
+
+    summary = custom_scalars(layout)
+    tensor = summary.value[0].tensor
+    proto = layout_pb2.Layout.FromString(tensor.string_val[0])
+    for category in proto.category:
+        category.closed = category.title in closed
+    tensor.string_val[0] = proto.SerializeToString()
+    return summary
 
 
 class TensorBoardLayout(Callback):
@@ -75,6 +127,7 @@ class TensorBoardLayout(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._written:
             return
+        summary = layout_summary(self.layout)
         for writer in tensorboard_writers(trainer):
-            writer.add_custom_scalars(self.layout)
+            writer._get_file_writer().add_summary(summary)
         self._written = True

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.pytorch.utilities import move_data_to_device, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
@@ -61,9 +63,12 @@ class AttentionMapMonitor(TapWindow):
     """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
 
     The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is
-    the same sample every time as long as validation is not shuffled. Images are written at the end of a
-    validation epoch when at least ``every_n_steps`` optimizer steps have passed since the last ones (and at the
-    first validation). Only rank 0 taps, and only that one batch; everything else keeps the fast path.
+    the same sample every time as long as validation is not shuffled. Images are written before the first
+    training step (step 0: the model under its attention spec before any update; one forward pass of that batch
+    in eval mode, ``module(batch["input_ids"])``), at the end of a validation epoch when at least
+    ``every_n_steps`` optimizer steps have passed since the last ones, and at the last validation (``max_steps``
+    reached), so a run always has its maps before and after training. Only rank 0 taps, and only that one batch;
+    everything else keeps the fast path.
 
     Tags: ``attention_map/layer_{l}/head_{h}`` (TensorBoard images: viridis colour map with a colour bar, query
     positions down, key positions across, title with the layer, head, temperature and step).
@@ -123,9 +128,41 @@ class AttentionMapMonitor(TapWindow):
         self._maps[layer] = {h: (w[h].float().cpu(), spec.temperature) for h in heads}
 
     def _due(self, trainer: L.Trainer) -> bool:
-        return self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
+        if trainer.global_step == self.last_logged_step:
+            return False
+        last = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        return last or self.last_logged_step < 0 or trainer.global_step - self.last_logged_step >= self.every_n_steps
 
     # ----- Lightning hooks ---------------------------------------------------------------------------------
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The maps before any update: the first validation batch through the model, once (not on a resume).
+        if self.last_logged_step >= 0 or not trainer.is_global_zero:
+            return
+        loop = trainer.fit_loop.epoch_loop.val_loop
+        loop.setup_data()  # what the first validation would do (idempotent): the loaders it will use
+        loaders = trainer.val_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        batch = next(iter(loader), None) if loader is not None else None
+        if batch is None:
+            return
+        batch = move_data_to_device(batch, pl_module.device)
+        was_training = pl_module.training
+        pl_module.eval()
+        self._open_tap()
+        inputs = batch["input_ids"] if isinstance(batch, dict) and "input_ids" in batch else batch
+        try:
+            with torch.no_grad():
+                pl_module(inputs)
+        except NotImplementedError:  # a module without `forward`: its maps start at the first validation
+            self._maps = {}
+            rank_zero_warn("AttentionMapMonitor: no maps at step 0; the module has no forward(input_ids)")
+            return
+        finally:
+            self._close()
+            pl_module.train(was_training)
+        self._draw(trainer)
 
     @override
     def on_validation_batch_start(
@@ -149,8 +186,14 @@ class AttentionMapMonitor(TapWindow):
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            self._maps = {}
+            return
+        self._draw(trainer)
+
+    def _draw(self, trainer: L.Trainer) -> None:
         maps, self._maps = self._maps, {}
-        if not maps or trainer.sanity_checking:
+        if not maps:
             return
         missing = sorted(set(self.layers or ()) - set(maps))
         if missing:  # asked for, never seen: the model has no such attention layer

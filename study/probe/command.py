@@ -21,7 +21,7 @@ tokens spread across the held-out plays or documents, batch size 1), the same wi
   (default: the grid's T <= 0.01), for the W_q/W_k gradient norms of both kinds and the Hessian.
 
 `study report` turns `<sweep>/probe/probe.json` into findings (docs/findings.md). Writes `<out>/probe.json`,
-`<out>/probe.png` and TensorBoard scalars under `<out>/tensorboard` (step = index of T in the sorted grid):
+`<out>/probe.png` and (unless ``--no-tensorboard``, as a sweep runs it) TensorBoard scalars under `<out>/tensorboard` (step = index of T in the sorted grid):
 `probe/...` for T in every layer, `probe/layer_<l>/<kind>` per layer, `probe/single_layer_<l>/...`.
 
 Progress: a bar with the time left on a terminal, else one line per step on stderr; ``--quiet`` turns it off.
@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the T (of the grid) of the fp64 reference (default: the grid's T <= {FP64_BELOW:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the windows, the row sampler and the power iteration")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--no-tensorboard", action="store_true",
+                   help="no TensorBoard events (a sweep's probe: its folder would show as a run beside the sweep's runs)")
     p.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a line per step)")
     return p
 
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps(report, indent=1))
     write_figure(report, out)
-    write_tensorboard(report, out)
+    if not args.no_tensorboard:
+        write_tensorboard(report, out)
     for line in console_lines(report):
         print(line)
     print(f"probe: {out / 'probe.json'} ({report['seconds']} s)")

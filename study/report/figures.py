@@ -53,7 +53,11 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
             if series:
                 label = f"T={s.temperature:g} k={s.k_label} s={s.seed}"
                 ls = STYLES[ks.index(s.k_label) % len(STYLES)]
-                ax.plot(*zip(*series), color=_color(s.temperature, temps), ls=ls, lw=1, label=label)
+                # a marker on every point of a short series: one validation per run is one point, which a line
+                # alone does not draw
+                marker = "o" if len(series) <= 3 else None
+                ax.plot(*zip(*series), color=_color(s.temperature, temps), ls=ls, lw=1, marker=marker, ms=4,
+                        label=label)
         ax.set_xlabel("step")
         ax.set_title(tag)
     axes[1].set_yscale("log")
@@ -151,17 +155,33 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
         ("diverged runs", lambda s: float(s.diverged), sum),
         ("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean),
     )
+    clipping_off = all(s.clip is None for s in summaries)
     for ax, (title, value, reduce) in zip(axes, panels):
         data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
+        if title.startswith("fraction of clipped") and clipping_off:
+            data, note = {}, "clipping off in every run\n(trainer.gradient_clip_val: null)"
+        else:
+            note = "not logged"
         if data:
             ax.bar(range(len(data)), list(data.values()))
             ax.set_xticks(range(len(data)), [f"{t:g}" for t in data])
+            if not any(data.values()):  # bars of height 0 are invisible: say so
+                ax.text(0.5, 0.5, f"0 at every T ({len(summaries)} runs)", ha="center", transform=ax.transAxes)
         else:
-            ax.text(0.5, 0.5, "not logged", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, note, ha="center", transform=ax.transAxes)
+            ax.set_xticks([])
         ax.set_xlabel("temperature T")
         ax.set_title(title, fontsize=9)
     _save(fig, out / "stability_vs_T.png")
     return "loss spikes, divergences and clipped steps vs T (all k)"
+
+
+def _one_format(values: np.ndarray) -> str:
+    """One number format for every cell: as many decimals as the smallest value needs for 3 significant digits,
+    thousands separated (595 and 2,230, not 595 and 2.23e+03)."""
+    smallest = float(np.min(values)) if values.size else 1.0
+    decimals = max(0, 2 - math.floor(math.log10(smallest))) if smallest > 0 else 2
+    return f"{{:,.{min(decimals, 4)}f}}"
 
 
 def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
@@ -175,15 +195,22 @@ def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
             ppl = [p for s in cell if not s.diverged and (p := s.final.get(sources.VAL_PPL))]
             if ppl:
                 grid[i, j] = float(np.exp(np.mean(np.log(ppl))))
-                text[i][j] = f"{grid[i, j]:.3g}"
             elif cell and all(s.diverged for s in cell):
                 text[i][j] = "div"
     plt = _plt()
     fig, ax = plt.subplots(figsize=(1.3 * len(ks) + 3, 0.6 * len(temps) + 2))
-    im = ax.imshow(np.log10(grid), cmap="magma_r", aspect="auto")
+    cmap = plt.get_cmap("magma_r")
+    im = ax.imshow(np.log10(grid), cmap=cmap, aspect="auto")
+    fmt = _one_format(grid[np.isfinite(grid)])
     for i in range(len(temps)):
         for j in range(len(ks)):
-            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8, color="tab:blue")
+            if np.isfinite(grid[i, j]):
+                text[i][j] = fmt.format(grid[i, j])
+                r, g, b, _ = cmap(im.norm(np.log10(grid[i, j])))
+                color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"  # readable on its cell
+            else:
+                color = "black"
+            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=10, color=color)
     ax.set_xticks(range(len(ks)), ks)
     ax.set_yticks(range(len(temps)), [f"{t:g}" for t in temps])
     ax.set(xlabel="top-k", ylabel="temperature T", title="final val/ppl, geometric mean over seeds (colour: log10)")

@@ -39,6 +39,12 @@ def _attention_check(field: str) -> Callable[[Any], None]:
     return check
 
 
+def _top_k_hparam(value: Any) -> str:
+    from study.attention.spec import top_k_hparam  # the module's own label: "all" or the k
+
+    return top_k_hparam(value)
+
+
 def _seed_check(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"seed must be a non-negative integer, got {value!r}")
@@ -61,6 +67,7 @@ class Axis:
     default: Any = None  # the value when neither the grid nor the base config sets it
     numeric: bool = True  # 1 and 1.0 are the same setting
     always_named: bool = True  # part of every run's name (False: only when the grid varies it)
+    hparam_label: Callable[[Any], bool | int | float | str] | None = None  # its HParams value, when not the value
 
     def base_value(self, base_config: dict) -> Any:
         """The value a run gets when the grid leaves this axis out: the base config's, else the default."""
@@ -74,14 +81,17 @@ class Axis:
         return ("value", json.dumps(value))
 
     def hparam_value(self, value: Any) -> bool | int | float | str:
-        return 0 if value is None else value  # HParams has no null: k = all is 0 there, as in the module
+        """The value as the run's HParams session shows it (`CausalLMModule.hparam_summary`)."""
+        if self.hparam_label is not None:
+            return self.hparam_label(value)
+        return 0 if value is None else value  # HParams has no null
 
 
 AXES: tuple[Axis, ...] = (
     Axis("temperature", "model.attention.temperature", tags.attention_hparam("temperature"), lambda v: f"T{exact(v)}",
          _attention_check("temperature"), default=1.0),
     Axis("top_k", "model.attention.top_k", tags.attention_hparam("top_k"), lambda v: f"k{'all' if v is None else v}",
-         _attention_check("top_k")),
+         _attention_check("top_k"), hparam_label=_top_k_hparam),
     Axis("normalizer", "model.attention.normalizer", tags.attention_hparam("normalizer"), str, _attention_check("normalizer"),
          default="softmax", numeric=False),
     Axis("seed", "seed_everything", "seed", lambda v: f"s{v}", _seed_check, default=0),

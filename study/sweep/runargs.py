@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from study import tags
+from study.hparams import EXPERIMENT_FILE
 
 GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 # `trainer.callbacks.<ClassName>.<init_arg>`: an override of one init argument of a base-config callback, found by
@@ -178,9 +179,11 @@ class RunArgs:
             _set_dotted(resolved, key, value)
         callbacks = self.callbacks(run_dir, callback_settings)
         args += [f"--trainer.logger={_cli_value(logger)}", f"--trainer.callbacks={_cli_value(callbacks)}"]
-        # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`).
-        args.append("--model.hparams_experiment=false")
-        _set_dotted(resolved, "model.hparams_experiment", False)
+        # The sweep declares one HParams experiment for all its runs (`Plan.hparams_domains`) in a file that each
+        # run copies into its own events (an events folder of its own would show in TensorBoard as an empty run).
+        experiment = False if pretraining else str(run_dir.parent / EXPERIMENT_FILE)
+        args.append(f"--model.hparams_experiment={_cli_value(experiment)}")
+        _set_dotted(resolved, "model.hparams_experiment", experiment)
         if pretraining:
             args.append("--model.hparams_session=false")
             _set_dotted(resolved, "model.hparams_session", False)

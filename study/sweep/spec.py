@@ -255,7 +255,9 @@ def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] 
     model = section.get("model") or default_model
     if not model:
         raise SweepSpecError("`probe.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
-    args = ["--model", str(model), "--out", str(out)]
+    # No TensorBoard events: under the sweep's folder they would show as one more run (probe.json and probe.png
+    # are what the report reads).
+    args = ["--model", str(model), "--out", str(out), "--no-tensorboard"]
     for key, flag in PROBE_OPTIONS.items():
         value = section.get(key)
         if key == "model" or value is None:

@@ -105,6 +105,14 @@ GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
 GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
 
 
+def grad_norm_block_kind(block: int, kind: str) -> str:
+    """``grad_norm/block_{i}/{kind}``: one layer's gradient norm of one parameter kind (``by`` "block_kind")."""
+    return grad_norm(f"block_{block}/{kind}")
+
+
+GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm("block_")) + r"(\d+)/(\w+)$"  # groups: block, kind
+
+
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------
 GUARD_SKIPPED = "guard/skipped_steps"
 GUARD_GRAD_NORM = "guard/grad_norm_preclip"

@@ -12,13 +12,13 @@ from pathlib import Path
 from study.report import markdown as md
 from study.report import tags
 from study.report.figures import figures, normalizers
-from study.report.findings import findings, sanity_checks
+from study.report.findings import depth_statement, findings, main_arm, sanity_checks
 from study.report.read import load_sweep, read_json
 from study.report.summary import Summary, dedupe, summarize
 
 WANTED_TAGS = (
     tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K,
-    tags.JACOBIAN, tags.FRAC_ABOVE_QUARTER_T, tags.FRAC_ABOVE_SQRT2, tags.FRAC_SATURATED, tags.SATURATED_ROWS,
+    tags.JACOBIAN, tags.ENTRY_RATIO_MEAN, tags.NEAR_QUARTER_T, tags.FRAC_SATURATED, tags.SATURATED_ROWS,
 )  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def report_text(
             states[s.state] = states.get(s.state, 0) + 1
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
-    others = other_axes(all_runs)
+    others = other_axes(main_arm(all_runs))
     parts = [
         f"# Sweep report: {title}",
         "",
@@ -84,7 +84,20 @@ def report_text(
         "",
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
         "",
+        "Step 0 is the frozen model under the new T, validated before the first update (BaselineValidation); "
+        "training is read as the change from it.",
+        "",
         md.per_t_table(summaries),
+        "",
+        "## Per layer (slope of each gradient norm against T; softmax, k = all)",
+        "",
+        depth_statement(summaries),
+        "",
+        md.layer_table(summaries),
+        "",
+        "## Stability by optimizer and learning rate (softmax, k = all, every arm)",
+        "",
+        md.stability_table(summaries),
         "",
     ]
     if len(normalizers) > 1:

@@ -36,3 +36,15 @@ def test_step0_validation_is_the_untrained_model_and_training_still_validates(tm
 def test_no_validation_batches_means_no_baseline(tmp_path):
     make_trainer(tmp_path, [BaselineValidation()], max_steps=1, limit_val_batches=0).fit(module(), token_loader(vocab=64))
     assert "val/loss" not in scalars(tmp_path)
+
+
+def test_a_seeded_baseline_runs_only_in_runs_of_that_seed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")  # what seed_everything(1) sets
+    for name, seed in (("other", 0), ("mine", 1)):
+        make_trainer(tmp_path / name, [BaselineValidation(seed=seed)], max_steps=2, val_check_interval=2).fit(
+            module(), token_loader(n=4, vocab=64), token_loader(seed=1, vocab=64)
+        )
+    assert [s for s, _ in scalars(tmp_path / "other")["val/loss"]] == [1]
+    assert [s for s, _ in scalars(tmp_path / "mine")["val/loss"]] == [0, 1]
+    with pytest.raises(ValueError, match="seed must be None or an integer, got '0'"):
+        BaselineValidation(seed="0")

@@ -311,3 +311,9 @@ def test_band_rule_needs_a_band():
 
     with pytest.raises(ValueError, match="width=0"):
         BandRule(claimed=-1.0, width=0)
+
+
+def test_a_baseline_validated_once_per_setting_is_shared_by_its_seeds():
+    runs = [with_loss(0.01, 0, 7.4, 4.0), run(0.01, 1), run(0.1, 1), run(0.01, 1, k=8)]
+    S.share_baselines(runs)
+    assert [r.values.get(S.VAL_LOSS_BASELINE) for r in runs] == [7.4, 7.4, None, None]

@@ -14,7 +14,7 @@ from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import depth_statement, findings, main_arm, sanity_checks
 from study.report.read import load_sweep, read_json
-from study.report.summary import Summary, dedupe, summarize
+from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
     tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *tags.ATTENTION_TAGS, tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K,
@@ -123,7 +123,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     plan, runs = load_sweep(sweep_dir)
-    all_runs = dedupe([summarize(r) for r in runs])
+    all_runs = dedupe(share_baselines([summarize(r) for r in runs]))
     # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
     primary = [s for s in all_runs if s.normalizer == "softmax"] or all_runs
     made = figures(primary, out) if primary else {}

@@ -244,6 +244,20 @@ def _selection_by_k(run: RunData) -> dict[int, float]:
     return last_by_group(run, tags.VAL_SELECTION_ENTROPY_BY_K)
 
 
+def share_baselines(summaries: list[Summary]) -> list[Summary]:
+    """Give every run without a step-0 validation the one of a run with the same attention setting (T, k,
+    normaliser): the model before its first update depends on that setting and the validation set only, not on the
+    seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`)."""
+    known: dict[tuple, float] = {}
+    for s in summaries:
+        if s.values.get(VAL_LOSS_BASELINE) is not None:
+            known.setdefault((s.temperature, s.top_k, s.normalizer), s.values[VAL_LOSS_BASELINE])
+    for s in summaries:
+        if s.values.get(VAL_LOSS_BASELINE) is None and (key := (s.temperature, s.top_k, s.normalizer)) in known:
+            s.values[VAL_LOSS_BASELINE] = known[key]
+    return summaries
+
+
 def dedupe(summaries: list[Summary]) -> list[Summary]:
     """Keep one run of each set that is the same function by construction; the others go into `same_as`.
 

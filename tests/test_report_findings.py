@@ -225,7 +225,8 @@ def test_spikes_are_judged_against_a_running_median():
     assert S.count_spikes(noisy + [(7, 7.0), (8, float("nan")), (9, 4.2)]) == 2  # 7.0 > 1.5 x median 4.4; NaN
     # one high first batch is not the reference: a later loss 1.2x above it is still caught against the median
     assert S.count_spikes([(0, 9.0), (1, 4.0), (2, 4.1), (3, 4.0), (4, 6.5)]) == 1
-    assert S.count_spikes([(0, 5.0), (1, 5.5)]) == 0  # too few losses before them to judge
+    assert S.count_spikes([(0, 5.0), (1, 5.5)]) == 0
+    assert S.count_spikes([(0, 4.4), (1, 10.3), (2, 11.4), (3, 9.7)]) == 2  # a jump that stays: seen as it happens
 
 
 def test_report_warns_when_runs_also_vary_an_axis_the_findings_pool_over(tmp_path):

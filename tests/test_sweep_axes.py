@@ -131,6 +131,10 @@ def test_arms_add_runs_beside_the_main_grid_named_by_what_they_change(tmp_path):
     assert not any(a.startswith("--model.optimizer") for a in plan.runs[0].args)
     assert plan.runs[0].params["optimizer"] == "adamw" and sgd.params["optimizer"] == "sgd"
     assert plan.hparams_domains()["optimizer"] == ["adamw"] * 3 + ["sgd"] * 4
+    # an arm's value replaces an override for its runs only
+    plan = build_plan(write_spec(tmp_path, {"temperature": [1.0]}, {"model.learning_rate": 0.002}, arms=arms[:1]))
+    assert [r.params["learning_rate"] for r in plan.runs] == [0.002, 0.01, 1.0, 0.01, 1.0]
+    assert "--model.learning_rate=1.0" in plan.runs[2].args
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from study.report.read import RunData
 from study.report.stats import loglog_slope
 
 SPIKE_FACTOR = 1.5  # a spike: a logged training loss above this x the running median of the losses before it
-SPIKE_WINDOW = 5  # the running median: over the last this many logged losses (at least 3 of them)
+SPIKE_WINDOW = 5  # the running median: over the last this many logged losses
 
 # names of `Summary.values`
 GRAD_NORM = "grad_norm"  # median pre-clip total gradient norm over logged steps
@@ -85,11 +85,12 @@ def _median(series: list[tuple[int, float]] | None) -> float | None:
 
 
 def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
-    """Logged training losses that are non-finite or above SPIKE_FACTOR x the median of the SPIKE_WINDOW finite
-    losses logged before them (judged once 3 are there).
+    """Logged training losses that are non-finite or above SPIKE_FACTOR x the median of the (up to) SPIKE_WINDOW
+    finite losses logged before them, from the second logged loss on.
 
     A running median, not one step-0 batch: a single noisy first batch neither hides later spikes nor makes
-    ordinary batch-to-batch noise (about 20% on 2 x 128 tokens) count as one.
+    ordinary batch-to-batch noise (about 20% on 2 x 128 tokens) count as one; a jump right after the switch of
+    temperature is still judged (against the losses before it).
     """
     if not series:
         return None
@@ -98,7 +99,7 @@ def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
         if not math.isfinite(value):
             spikes += 1
             continue
-        if len(recent) >= 3 and value > SPIKE_FACTOR * float(np.median(recent)):
+        if recent and value > SPIKE_FACTOR * float(np.median(recent)):
             spikes += 1
         recent = (recent + [value])[-SPIKE_WINDOW:]
     return spikes

@@ -306,7 +306,8 @@ def build_plan(
     # An arm is the main grid with some axes replaced (an SGD arm, a learning-rate sweep at two temperatures):
     # its runs add to the main grid's, and its replaced axes name its runs.
     grids = [(grid, set(grid))] + [(_check_grid({**grid_in, **arm}, notes), set(grid) | set(arm)) for arm in arms]
-    owned = sorted(key for key in overrides if key in {axes.axis(k).option for g, _ in grids for k in g})
+    # An arm may replace an override (its learning rates over the main runs' one); the main grid may not.
+    owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     passed = passthrough_settings(list(passthrough or []))

@@ -29,6 +29,7 @@ from study.hparams import HPARAMS_METRICS, write_session
 from study.pretrained import declare_causal_lm_loss, load_causal_lm
 
 TRAINABLE = ("all", "attention")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 class CausalLMModule(L.LightningModule):
@@ -49,7 +50,10 @@ class CausalLMModule(L.LightningModule):
             the rest is frozen. Attention-only fine-tuning lets attention adapt to a new T / top-k with about half
             the cost of a full step on SmolLM2 (no weight gradients for the LM head, MLPs and norms, and AdamW over
             26.5 M instead of 134.5 M parameters).
-        learning_rate: peak AdamW learning rate.
+        optimizer: "adamw", or "sgd" (plain SGD, no momentum: its step is lr x the gradient, so a gradient that
+            grows at low T moves the weights more; AdamW's first steps are about lr x sign(gradient) whatever its
+            size, which can hide that). Weight decay and the schedule are the same for both.
+        learning_rate: peak learning rate.
         weight_decay: AdamW weight decay, applied to matrices only (not to biases, norms).
         betas: AdamW betas.
         warmup_steps: linear warm-up steps before the cosine decay.
@@ -80,6 +84,7 @@ class CausalLMModule(L.LightningModule):
         block_size: int | None = None,
         dropout: float = 0.0,
         trainable: str = "all",
+        optimizer: str = "adamw",
         learning_rate: float = 3e-4,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -91,6 +96,8 @@ class CausalLMModule(L.LightningModule):
         super().__init__()
         if trainable not in TRAINABLE:
             raise ValueError(f"trainable={trainable!r}; choose one of {TRAINABLE}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={optimizer!r}; choose one of {OPTIMIZERS}")
         attention = attention or AttentionSpec()
         # `logger=False`: hyperparameters go to TensorBoard from `on_fit_start`, flattened and declared together
         # with the metrics that HParams compares runs by.
@@ -167,11 +174,11 @@ class CausalLMModule(L.LightningModule):
         hp = self.hparams
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.learning_rate,
-            betas=tuple(hp.betas),
-        )
+        groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if hp.get("optimizer", "adamw") == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=hp.learning_rate)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=tuple(hp.betas))
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, partial(warmup_cosine, warmup=min(hp.warmup_steps, total), total=total, floor=hp.min_lr_ratio)
@@ -191,6 +198,7 @@ class CausalLMModule(L.LightningModule):
         summary = {tags.attention_hparam(k): v for k, v in self.attention.as_hparams().items()}
         summary.update(
             model=hp.model_name_or_path or f"gpt2-scratch-{hp.n_layer}x{hp.n_embd}",
+            optimizer=hp.get("optimizer", "adamw"),
             learning_rate=hp.learning_rate,
             weight_decay=hp.weight_decay,
             warmup_steps=hp.warmup_steps,

@@ -121,6 +121,14 @@ GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
 GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
 
 
+def grad_norm_block_kind(block: int, kind: str) -> str:
+    """``grad_norm/block_{i}/{kind}``: one layer's gradient norm of one parameter kind (``by`` "block_kind")."""
+    return grad_norm(f"block_{block}/{kind}")
+
+
+GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm("block_")) + r"(\d+)/(\w+)$"  # groups: block, kind
+
+
 # ---- the run-level scalars that lead TensorBoard's Scalars / Time Series pages ---------------------------------
 # TensorBoard groups tags by their first path component and sorts the groups by name, upper case before lower
 # case, and opens the first two groups; so the few numbers a run is judged by are copied (same values, same steps)

@@ -155,3 +155,32 @@ def test_attention_only_fine_tuning_trains_exactly_the_attention_parameters():
     assert {n for n in before if ".attn." in n and n.endswith("weight")} <= changed
     with pytest.raises(ValueError, match="trainable='mlp'"):
         CausalLMModule(trainable="mlp", **TINY)
+
+
+def test_sgd_steps_by_lr_times_the_gradient_and_adamw_by_about_its_sign(tmp_path):
+    """optimizer="sgd": the first update is exactly -lr x gradient (no momentum), so a gradient 100x larger moves the
+    weights 100x further; AdamW's first update is about lr x sign(gradient) whatever its size."""
+    moves = {}
+    for name in ("sgd", "adamw"):
+        torch.manual_seed(0)
+        module = CausalLMModule(**TINY, optimizer=name, learning_rate=0.1, warmup_steps=1, weight_decay=0.0)
+        before = {n: p.detach().clone() for n, p in module.named_parameters()}
+        grads = {}
+
+        class Keep(L.Callback):
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+                grads.update({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None})
+
+        L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, callbacks=[Keep()]).fit(module, batches())  # fmt: skip
+        moves[name] = {n: p.detach() - before[n] for n, p in module.named_parameters()}
+        if name == "sgd":
+            for n, g in grads.items():
+                torch.testing.assert_close(moves[name][n], -0.1 * g)
+    w = "model.transformer.h.0.attn.c_attn.weight"
+    assert moves["adamw"][w].abs().max().item() == pytest.approx(0.1, rel=1e-3)  # |lr x sign(g)|
+
+
+def test_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match="optimizer='adam'; choose one of"):
+        CausalLMModule(**TINY, optimizer="adam")

@@ -25,7 +25,7 @@ def test_report_from_real_logs(tmp_path):
     path = build_report(sweep)
     out = path.parent
     for name in ("curves.png", "sensitivity_vs_T.png", "dilution_vs_n.png", "stability_vs_T.png", "ppl_heatmap.png",
-                 "attention_vs_T.png"):  # fmt: skip
+                 "attention_vs_T.png", "layer_sensitivity.png"):  # fmt: skip
         assert (out / name).stat().st_size > 1000, name
     text = path.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| T") and not line.startswith("| T |")]
@@ -47,14 +47,20 @@ def test_report_from_real_logs(tmp_path):
         median = (grad[(len(grad) - 1) // 2] + grad[len(grad) // 2]) / 2
         assert math.isclose(float(cells["grad norm (median)"]), median, rel_tol=1e-3)
         assert cells["state"] == "finished" and cells["steps"] == "6"
-        # the new monitor tags reached the events: Lemma 1 bins, saturated rows, Jacobian rows above sqrt 2
+        # the monitor tags reached the events: Lemma 1 bins, saturated rows, rows near the entrywise bound, the
+        # per-layer gradients, and a step-0 validation before the first update
         assert "val/attention/by_visible/max_weight/n2" in scalars and "val/attention/saturated/mean" in scalars
-        assert "val/attention/jacobian/frac_above_sqrt2" in scalars
+        assert "val/attention/jacobian/frac_near_quarter_T" in scalars
+        assert "grad_norm/block_0/attn_q" in scalars and "grad_norm/block_0/mlp" in scalars
+        assert scalars["val/loss"][0][0] == 0 and len(scalars["val/loss"]) == 2
     findings = text.split("## Findings")[1].split("## Sanity")[0]
     slope_row = next(line for line in findings.splitlines() if "grow like 1/T in training" in line)
     assert "too few: 2 levels" in slope_row and "| inconclusive |" in slope_row  # 2 values of T, 1 seed
     sanity = text.split("## Sanity checks")[1].split("## Per temperature")[0]
-    assert "| pass |" in sanity and "FAIL" not in sanity
+    assert "| pass |" in sanity and "FAIL" not in sanity and "entrywise" in sanity
+    per_layer = text.split("## Per layer")[1].split("## Stability")[0]
+    assert "| layer | low-T layers crossed | slope W_q,W_k | slope W_v | slope W_o | slope MLP |" in per_layer
+    assert "## Stability by optimizer and learning rate" in text
 
 
 def write_fake_run(sweep, name, params, scalars):

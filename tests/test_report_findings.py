@@ -74,18 +74,6 @@ def test_intervals_need_replicates_and_cover_the_truth():
 
 
 # ---- claim 5 ---------------------------------------------------------------------------------------------------
-def test_bound_finding_fails_when_rows_exceed_the_stated_bound():
-    exceed = [run(0.01, s, frac_above_sqrt2=0.3 + noise(s)) for s in SEEDS]
-    holds = [run(1.0, s, frac_above_quarter_T=0.001 * s) for s in SEEDS]  # at T=1 the bound is 1/(4T)
-    mixed = [run(0.1, s, frac_above_sqrt2=[0.0, 0.05, 0.0][s]) for s in SEEDS]
-    found = {f.claim.split(" at ")[1]: f for f in F.bound_findings(exceed + holds + mixed)}
-    assert found["T=0.01 (= sqrt 2)"].verdict == NOT_SUPPORTED
-    assert found["T=1 (= 1/(4T))"].verdict == SUPPORTED
-    assert found["T=0.1 (= sqrt 2)"].verdict == INCONCLUSIVE
-    too_few = F.bound_findings([run(0.01, 0, frac_above_sqrt2=0.5)])
-    assert too_few[0].verdict == INCONCLUSIVE and "too few" in too_few[0].value
-
-
 @pytest.mark.parametrize("key", [S.JACOBIAN, S.GRAD_QK])
 def test_one_over_t_finding_fails_on_saturated_rows(key):
     claim = "x"
@@ -164,24 +152,70 @@ def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
     assert "clipped" in F.instability_finding(clipped).claim
 
 
-def test_perplexity_finding():
-    hurt = [run(0.01, s, ppl=200 * math.exp(noise(s))) for s in SEEDS] + [run(1.0, s, ppl=100 * math.exp(noise(s + 5))) for s in SEEDS]
-    same = [run(0.01, s, ppl=100 * math.exp(noise(s, 0.01))) for s in SEEDS] + [run(1.0, s, ppl=100 * math.exp(noise(s + 5, 0.01))) for s in SEEDS]
-    f = F.perplexity_finding(hurt)
-    assert f.verdict == SUPPORTED and f.value.startswith("2.")  # shown as a ratio
-    assert F.perplexity_finding(same).verdict == NOT_SUPPORTED
-    assert F.perplexity_finding(hurt[:2] + hurt[3:]).verdict == INCONCLUSIVE  # 2 low-T runs
+def with_loss(t, seed, start, end, **kw):
+    r = run(t, seed, **kw)
+    r.values[S.VAL_LOSS_BASELINE] = start
+    r.final["val/loss"] = end
+    return r
+
+
+def test_recovery_finding_reads_training_from_its_step0_baseline():
+    """The frozen model's gap at step 0 is not a training effect: what counts is how much of it training leaves."""
+    # step 0: 7.4 vs 3.2 nats; after training 4.0 vs 3.0: 1/4.2 of the gap is left -> training closed most of it
+    closed = [with_loss(0.01, s, 7.4, 4.0 + noise(s, 0.05)) for s in SEEDS] + [with_loss(1.0, s, 3.2, 3.0) for s in SEEDS]
+    f = F.recovery_finding(closed)
+    assert f.verdict == NOT_SUPPORTED and f.experiment == "training" and "at step 0" in f.value
+    assert float(f.value.split()[0]) == pytest.approx(1 / 4.2, abs=0.03)
+    # training does nothing to the gap: the whole gap is left
+    stuck = [with_loss(0.01, s, 7.4, 7.2 + noise(s, 0.05)) for s in SEEDS] + [with_loss(1.0, s, 3.2, 3.0) for s in SEEDS]
+    assert F.recovery_finding(stuck).verdict == SUPPORTED
+    # without a step-0 validation there is nothing to read training from
+    no_baseline = [run(0.01, s) for s in SEEDS] + [run(1.0, s) for s in SEEDS]
+    f = F.recovery_finding(no_baseline)
+    assert f.verdict == INCONCLUSIVE and "BaselineValidation" in f.value
+
+
+def test_lr_stability_finding_brackets_the_largest_stable_learning_rate():
+    def arm(unstable_at):  # {T: learning rates at which the SGD runs blow up}
+        return [run(t, 0, optimizer="sgd", learning_rate=lr, spikes=int(lr in lrs))
+                for t, lrs in unstable_at.items() for lr in (0.001, 0.01, 0.1)]  # fmt: skip
+
+    def make(unstable_at):
+        runs = arm(unstable_at)
+        for r in runs:
+            r.optimizer, r.learning_rate = r.values.pop("optimizer"), r.values.pop("learning_rate")
+        return runs
+
+    lowered = F.lr_stability_findings(make({0.01: {0.01, 0.1}, 1.0: {0.1}}))
+    assert [f.verdict for f in lowered] == [SUPPORTED]
+    assert "T=0.01: 0.001, T=1: 0.01" in lowered[0].value and "(sgd)" in lowered[0].claim
+    assert lowered[0].paper_value and lowered[0].experiment == "training"
+    reversed_ = F.lr_stability_findings(make({0.01: {0.1}, 1.0: {0.01, 0.1}}))
+    assert [f.verdict for f in reversed_] == [NOT_SUPPORTED]
+    same = F.lr_stability_findings(make({0.01: {0.1}, 1.0: {0.1}}))
+    assert [f.verdict for f in same] == [INCONCLUSIVE]
+    assert F.lr_stability_findings([run(t, 0) for t in TEMPS]) == []  # no learning-rate sweep, no finding
+
+
+def test_arms_are_not_pooled_into_the_main_findings():
+    main = [run(t, s, grad_qk=0.2 / t * math.exp(noise(s + 7 * i))) for i, t in enumerate(TEMPS) for s in SEEDS]
+    sgd = [run(t, 0, grad_qk=1e6) for t in TEMPS]
+    for r in sgd:
+        r.optimizer, r.learning_rate = "sgd", 0.1
+    assert F.main_arm(main + sgd) == main
+    assert F.slope_finding("x", "s", F.k_all(F.main_arm(main + sgd)), S.GRAD_QK).verdict == SUPPORTED
 
 
 # ---- sanity checks and identical runs --------------------------------------------------------------------------
 def test_sanity_checks_catch_broken_code():
-    ok = [run(0.1, 0, jacobian_max=4.9), run(1.0, 0, jacobian_max=0.5)]
-    broken = [run(0.1, 0, jacobian_max=6.0)]
-    assert F.sanity_checks(ok)[0].passed is True
-    assert F.sanity_checks(broken)[0].passed is False
+    ok = [run(0.1, 0, jacobian_max=4.9, entry_ratio_max=0.97), run(1.0, 0, jacobian_max=0.5, entry_ratio_max=1.0)]
+    broken = [run(0.1, 0, jacobian_max=6.0, entry_ratio_max=1.3)]
+    assert [c.passed for c in F.sanity_checks(ok)[:2]] == [True, True]
+    assert [c.passed for c in F.sanity_checks(broken)[:2]] == [False, False]
+    assert "entrywise" in F.sanity_checks(ok)[1].statement
     r = run(1.0, 0)
     r.selection_by_k = {1: 0.0, 4: 1.2, 16: 1.1}  # entropy falling with k: impossible for the same rows
-    assert F.sanity_checks([r])[1].passed is False
+    assert F.sanity_checks([r])[2].passed is False
 
 
 def test_top1_runs_are_counted_once():
@@ -192,9 +226,14 @@ def test_top1_runs_are_counted_once():
     assert sorted(top1[0].same_as) == ["T0.01_k1_softmax_s0", "T0.1_k1_softmax_s0"]
 
 
-def test_spikes_are_counted_from_step_zero():
-    assert S.count_spikes([(0, 5.0), (1, 6.5), (2, 4.0), (3, float("nan"))]) == 2
+def test_spikes_are_judged_against_a_running_median():
+    noisy = [(i, v) for i, v in enumerate([5.0, 4.0, 4.4, 3.9, 4.6, 3.8, 4.5])]  # batch noise of about 20%
+    assert S.count_spikes(noisy) == 0
+    assert S.count_spikes(noisy + [(7, 7.0), (8, float("nan")), (9, 4.2)]) == 2  # 7.0 > 1.5 x median 4.4; NaN
+    # one high first batch is not the reference: a later loss 1.2x above it is still caught against the median
+    assert S.count_spikes([(0, 9.0), (1, 4.0), (2, 4.1), (3, 4.0), (4, 6.5)]) == 1
     assert S.count_spikes([(0, 5.0), (1, 5.5)]) == 0
+    assert S.count_spikes([(0, 4.4), (1, 10.3), (2, 11.4), (3, 9.7)]) == 2  # a jump that stays: seen as it happens
 
 
 def test_report_warns_when_runs_also_vary_an_axis_the_findings_pool_over(tmp_path):
@@ -214,6 +253,48 @@ def test_report_warns_when_runs_also_vary_an_axis_the_findings_pool_over(tmp_pat
 
 
 # ---- the two-sided band rule for "grows like x^a" ---------------------------------------------------------------
+@pytest.mark.parametrize("power, verdict, side", [(-1.0, SUPPORTED, ""), (-0.3, NOT_SUPPORTED, "shallower than T^-1"),
+                                                  (-4.7, NOT_SUPPORTED, "steeper than T^-1")])  # fmt: skip
+def test_training_slope_findings_are_two_sided(power, verdict, side):
+    """Synthetic gradients growing like T^-1, T^-0.3 and T^-4.7: only the first is "like 1/T"; a far steeper slope
+    is not supported (before, any slope <= -0.5 was)."""
+    runs = [run(t, s, grad_qk=0.2 * t**power * math.exp(noise(s + 7 * i))) for i, t in enumerate(TEMPS) for s in SEEDS]
+    f = F.slope_finding("x", "s", runs, S.GRAD_QK)
+    assert f.verdict == verdict and f.experiment == "training" and f.paper_value == "1/T"
+    assert (side in f.value) if side else ("than T^-1" not in f.value)
+    assert "local slopes 0.01-0.1:" in f.value
+
+
+def layered(power_by_crossed, seeds=SEEDS, n_layers=6, groups=("W_q,W_k", "W_v")):
+    """Runs whose layer-l gradient grows like T^power(n_layers - l) in every group."""
+    runs = []
+    for i, t in enumerate(TEMPS):
+        for s in seeds:
+            r = run(t, s)
+            r.layer_grads = {g: {layer: 0.1 * t ** power_by_crossed(n_layers - layer) * math.exp(noise(s + 7 * i + layer))
+                                 for layer in range(n_layers)} for g in groups}  # fmt: skip
+            runs.append(r)
+    return runs
+
+
+def test_depth_findings_see_compounding_and_its_absence():
+    compounding = layered(lambda crossed: -0.6 - 0.2 * (crossed - 1))  # -0.6 at the last layer, -1.6 at the first
+    found = F.depth_findings(compounding)
+    assert [f.claim.split("the ")[1].split(" gradient")[0] for f in found] == ["W_q,W_k", "W_v"]
+    assert all(f.verdict == SUPPORTED for f in found)
+    assert float(found[0].value.split()[0]) == pytest.approx(-0.2, abs=0.03)
+    assert "for every parameter type" in F.depth_statement(compounding)
+    flat = layered(lambda crossed: -1.0)  # every layer like 1/T: no depth effect
+    assert all(f.verdict == NOT_SUPPORTED for f in F.depth_findings(flat))
+    assert "for every parameter type" not in F.depth_statement(flat)
+    last = F.last_layer_finding(flat)
+    assert last.verdict == SUPPORTED and "layer 5" in last.claim
+    assert F.last_layer_finding(compounding).verdict == NOT_SUPPORTED  # -0.6: shallower than the band
+    assert F.layer_slopes(flat)["W_v"][0] == pytest.approx(-1.0, abs=0.05)
+    assert F.depth_findings(layered(lambda c: -1.0, seeds=(0, 1)))[0].verdict == INCONCLUSIVE  # 2 seeds
+
+
+# ---- BandRule itself -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "lo, hi, expected, side",
     [
@@ -238,3 +319,9 @@ def test_band_rule_needs_a_band():
 
     with pytest.raises(ValueError, match="width=0"):
         BandRule(claimed=-1.0, width=0)
+
+
+def test_a_baseline_validated_once_per_setting_is_shared_by_its_seeds():
+    runs = [with_loss(0.01, 0, 7.4, 4.0), run(0.01, 1), run(0.1, 1), run(0.01, 1, k=8)]
+    S.share_baselines(runs)
+    assert [r.values.get(S.VAL_LOSS_BASELINE) for r in runs] == [7.4, 7.4, None, None]

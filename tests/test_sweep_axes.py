@@ -25,7 +25,7 @@ def test_run_names_are_unchanged_for_the_four_paper_axes():
 
 def test_every_axis_labels_distinct_values_distinctly():
     samples = {"temperature": [0.1, 0.10000001, 1], "top_k": [None, 1, 16], "normalizer": ["softmax", "ssmax"],
-               "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3]}
+               "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3], "optimizer": ["adamw", "sgd"]}
     assert set(samples) == set(grid_keys())  # a new axis needs a sample here
     for axis in AXES:
         labels = [axis.label(v) for v in samples[axis.key]]
@@ -89,7 +89,8 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
     assert "--model.attention.alpha=2" in plan.runs[1].args
     assert plan.runs[1].resolved["model"]["attention"]["alpha"] == 2
     assert plan.runs[0].params == {"temperature": 0.5, "top_k": None, "normalizer": "entmax", "seed": 0,
-                                   "learning_rate": plan.runs[0].params["learning_rate"], "alpha": 1.5}
+                                   "learning_rate": plan.runs[0].params["learning_rate"], "optimizer": "adamw",
+                                   "alpha": 1.5}
     assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
     assert plan.as_dict()["grid_keys"][-1] == "alpha"
     with pytest.raises(SweepSpecError, match="grid `alpha` value 'x' is invalid"):
@@ -114,3 +115,34 @@ def test_extra_arguments_are_recorded_and_may_not_override_the_grid(tmp_path):
     for extra in (["--model.attention.temperature=0.5"], ["--trainer.logger=false"]):
         with pytest.raises(SweepSpecError, match="which the sweep sets per run"):
             build_plan(spec, passthrough=extra)
+
+
+def test_arms_add_runs_beside_the_main_grid_named_by_what_they_change(tmp_path):
+    """An SGD learning-rate arm at two temperatures beside the main grid: the main runs keep their names and
+    settings, the arm's runs carry their optimizer and learning rate in name, options and HParams."""
+    arms = [{"optimizer": ["sgd"], "learning_rate": [0.01, 1.0], "temperature": [0.1, 1.0]}]
+    plan = build_plan(write_spec(tmp_path, {"temperature": [0.1, 0.5, 1.0]}, arms=arms))
+    names = [r.name for r in plan.runs]
+    assert names[:3] == ["T0.1_kall_softmax_s0", "T0.5_kall_softmax_s0", "T1_kall_softmax_s0"]
+    assert names[3:] == ["T0.1_kall_softmax_s0_lr0.01_sgd", "T0.1_kall_softmax_s0_lr1_sgd",
+                         "T1_kall_softmax_s0_lr0.01_sgd", "T1_kall_softmax_s0_lr1_sgd"]  # fmt: skip
+    sgd = plan.runs[4]
+    assert {"--model.optimizer=sgd", "--model.learning_rate=1.0", "--model.attention.temperature=0.1"} <= set(sgd.args)
+    assert not any(a.startswith("--model.optimizer") for a in plan.runs[0].args)
+    assert plan.runs[0].params["optimizer"] == "adamw" and sgd.params["optimizer"] == "sgd"
+    assert plan.hparams_domains()["optimizer"] == ["adamw"] * 3 + ["sgd"] * 4
+    # an arm's value replaces an override for its runs only
+    plan = build_plan(write_spec(tmp_path, {"temperature": [1.0]}, {"model.learning_rate": 0.002}, arms=arms[:1]))
+    assert [r.params["learning_rate"] for r in plan.runs] == [0.002, 0.01, 1.0, 0.01, 1.0]
+    assert "--model.learning_rate=1.0" in plan.runs[2].args
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [([{"optimizer": ["adam"]}], "grid `optimizer` value 'adam' is invalid: optimizer must be one of"),
+     ({"optimizer": ["sgd"]}, "`arms` must be a list of grids"),
+     ([{"momentum": [0.9]}], "unknown key")],
+)
+def test_bad_arms_are_refused_before_any_run(tmp_path, arms, message):
+    with pytest.raises(SweepSpecError, match=message):
+        build_plan(write_spec(tmp_path, {"temperature": [1.0]}, arms=arms))

@@ -5,6 +5,7 @@ Public API:
     SelectionUniformityMonitor  KL/TV to uniform, max weight, effective support, top-k mass and uniformity
     GradientNormMonitor         gradient norms before/after clipping, per block, per kind, per block and kind
     AttentionJacobianMonitor    softmax Jacobian of sampled rows: spectral norm, largest entry x 4T, saturated rows
+    BaselineValidation          a validation epoch at step 0: the frozen model under the new attention
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
     NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf
     NormalizerParameterMonitor  learnable normaliser parameters (SSMax s, entmax alpha) per layer
@@ -28,6 +29,7 @@ Example::
 
 from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
+from study.callbacks.baseline import BaselineValidation
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.jacobian import AttentionJacobianMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
@@ -39,6 +41,7 @@ __all__ = [
     "AttentionEntropyMonitor",
     "AttentionJacobianMonitor",
     "AttentionMapMonitor",
+    "BaselineValidation",
     "GradientNormMonitor",
     "NonFiniteGuard",
     "NormalizerParameterMonitor",

@@ -13,15 +13,15 @@ from pathlib import Path
 from study.report import markdown as md
 from study.report import sources
 from study.report.figures import figures, normalizers
-from study.report.findings import Finding, findings, sanity_checks
+from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
 from study.report.read import load_sweep, read_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import Family, family_level, simultaneous
-from study.report.summary import Summary, dedupe, summarize
+from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
     sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.GRAD_NORM, sources.GRAD_Q, sources.GRAD_K,
-    sources.JACOBIAN, sources.FRAC_ABOVE_QUARTER_T, sources.FRAC_ABOVE_SQRT2, sources.FRAC_SATURATED, sources.SATURATED_ROWS,
+    sources.JACOBIAN, sources.ENTRY_RATIO_MEAN, sources.NEAR_QUARTER_T, sources.FRAC_SATURATED, sources.SATURATED_ROWS,
 )  # fmt: skip
 
 
@@ -86,7 +86,7 @@ def report_text(
     states = run_states(all_runs, not_counted)
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
-    others = other_axes(all_runs)
+    others = other_axes(main_arm(all_runs))
     parts = [
         f"# Sweep report: {title}",
         "",
@@ -124,7 +124,20 @@ def report_text(
         "",
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
         "",
+        "Step 0 is the frozen model under the new T, validated before the first update (BaselineValidation); "
+        "training is read as the change from it.",
+        "",
         md.per_t_table(summaries),
+        "",
+        "## Per layer (slope of each gradient norm against T; softmax, k = all)",
+        "",
+        depth_statement(summaries),
+        "",
+        md.layer_table(summaries),
+        "",
+        "## Stability by optimizer and learning rate (softmax, k = all, every arm)",
+        "",
+        md.stability_table(summaries),
         "",
     ]
     if len(normalizers) > 1:
@@ -155,7 +168,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     plan, runs = load_sweep(sweep_dir)
-    results, not_counted = split_results([summarize(r) for r in runs])
+    results, not_counted = split_results(share_baselines([summarize(r) for r in runs]))
     all_runs = dedupe(results)  # only results: a failed top-1 run must not stand for the finished ones
     # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
     primary = [s for s in all_runs if s.normalizer == "softmax"] or all_runs

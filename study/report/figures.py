@@ -9,7 +9,7 @@ import numpy as np
 
 from study.report import sources
 from study.report import summary as S
-from study.report.findings import k_all, per_t
+from study.report.findings import ONE_OVER_T, k_all, layer_slopes, per_t
 from study.report.summary import Summary
 
 STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1))]
@@ -84,23 +84,41 @@ def sensitivity(summaries: list[Summary], out: Path) -> str | None:
         pts = [(t, v) for t, vs in data.items() for v in vs if v > 0]
         if pts:
             ax.scatter(*zip(*pts), marker=marker, label=label, alpha=0.7)
-    for ref, style, label in ((1 / (4 * grid), "k--", "1/(4T)"), (1 / (2 * grid), "k:", "1/(2T)")):
+    for ref, style, label in ((1 / (4 * grid), "k--", "1/(4T) (entrywise bound)"), (1 / (2 * grid), "k:", "1/(2T)")):
         ax.plot(grid, ref, style, lw=1, label=label)
-    ax.axhline(math.sqrt(2), color="grey", lw=1, ls="-.", label="sqrt 2")
     ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="norm", title="sensitivity vs T (k = all)")
     ax.legend(fontsize=7)
     for key, label in (
         (S.SATURATED, "saturated rows (max weight > 0.99)"),
-        (S.ABOVE_QUARTER, "rows above 1/(4T)"),
-        (S.ABOVE_SQRT2, "rows above sqrt 2"),
+        (S.NEAR_QUARTER, "rows with an entry >= 0.9 x 1/(4T)"),
+        (S.ENTRY_RATIO, "largest entry x 4T (mean)"),
     ):
         data = per_t(runs, lambda s, key=key: s.values.get(key))
         if data:
             ax2.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=label)
-    ax2.set(xscale="log", xlabel="temperature T", ylabel="fraction of sampled rows", ylim=(-0.02, 1.02))
+    ax2.set(xscale="log", xlabel="temperature T", ylabel="fraction / ratio of sampled rows", ylim=(-0.02, 1.02))
     ax2.legend(fontsize=7)
     _save(fig, out / "sensitivity_vs_T.png")
-    return "gradient and Jacobian norms vs T (left, one point per run) beside the saturated and above-bound rows (right)"
+    return ("gradient and Jacobian norms vs T (left, one point per run) beside the saturated rows and how close rows "
+            "come to the entrywise bound 1/(4T) (right)")
+
+
+def layer_sensitivity(summaries: list[Summary], out: Path) -> str | None:
+    """Per-layer log-log slope against T of each parameter group's gradient norm, against the layer's depth."""
+    slopes = layer_slopes(summaries)
+    if not slopes:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (group, by_layer), marker in zip(slopes.items(), "os^vD"):
+        ax.plot(list(by_layer), list(by_layer.values()), marker=marker, ls="-", lw=1, label=group)
+    ax.axhspan(ONE_OVER_T.band[0], ONE_OVER_T.band[1], color="tab:green", alpha=0.15, label="1/T band (-1 +- 0.25)")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set(xlabel="layer (0 = first: its gradient crosses every low-T layer)", ylabel="log-log slope vs T",
+           title="per-layer gradient sensitivity to T (k = all, main arm)")  # fmt: skip
+    ax.legend(fontsize=7)
+    _save(fig, out / "layer_sensitivity.png")
+    return "per-layer slope of each gradient norm against T, by depth (green: the 1/T band)"
 
 
 def dilution(summaries: list[Summary], out: Path) -> str | None:
@@ -151,7 +169,7 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     panels = (
-        ("loss spikes above 1.2 x step-0 loss (sum)", lambda s: s.values.get(S.SPIKES), sum),
+        (f"loss spikes above {S.SPIKE_FACTOR} x running median (sum)", lambda s: s.values.get(S.SPIKES), sum),
         ("diverged runs", lambda s: float(s.diverged), sum),
         ("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean),
     )
@@ -249,6 +267,7 @@ def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
     for name, draw in (
         ("curves.png", curves),
         ("sensitivity_vs_T.png", sensitivity),
+        ("layer_sensitivity.png", layer_sensitivity),
         ("dilution_vs_n.png", dilution),
         ("attention_vs_T.png", attention_vs_t),
         ("stability_vs_T.png", stability),

@@ -9,7 +9,15 @@ import numpy as np
 
 from study.report import sources
 from study.report import summary as S
-from study.report.findings import Finding, SanityCheck, k_all
+from study.report.findings import (
+    Finding,
+    SanityCheck,
+    k_all,
+    largest_stable_lr,
+    layer_slopes,
+    main_arm,
+    stability_by_lr,
+)
 from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, confidence, fmt, mean_interval, percent
 from study.report.summary import Summary
 
@@ -45,13 +53,15 @@ def _cell(values: list[float]) -> str:
 
 def per_t_table(summaries: list[Summary]) -> str:
     """One row per T over the k = all softmax runs: means over seeds with their intervals."""
-    runs = k_all(summaries)
+    runs = k_all(main_arm(summaries))
     columns: list[tuple[str, Callable[[Summary], float | None]]] = [
-        ("log val/ppl", lambda s: None if s.diverged or not s.final.get(sources.VAL_PPL) else math.log(s.final[sources.VAL_PPL])),
+        ("step-0 val/loss", lambda s: s.values.get(S.VAL_LOSS_BASELINE)),
+        ("final val/loss", lambda s: None if s.diverged else s.final.get(sources.VAL_LOSS)),
+        ("change from step 0", lambda s: _change(s)),
         ("\\|grad W_q,W_k\\|", lambda s: s.values.get(S.GRAD_QK)),
         ("Jacobian", lambda s: s.values.get(S.JACOBIAN)),
-        ("rows > 1/(4T)", lambda s: s.values.get(S.ABOVE_QUARTER)),
-        ("rows > sqrt 2", lambda s: s.values.get(S.ABOVE_SQRT2)),
+        ("largest entry x 4T", lambda s: s.values.get(S.ENTRY_RATIO)),
+        ("rows near 1/(4T)", lambda s: s.values.get(S.NEAR_QUARTER)),
         ("saturated (sampled)", lambda s: s.values.get(S.SATURATED)),
         ("saturated (all val rows)", lambda s: s.final.get(sources.SATURATED_ROWS)),
         (f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
@@ -64,6 +74,35 @@ def per_t_table(summaries: list[Summary]) -> str:
         cells = [_cell([value(s) for s in group]) for _, value in columns]
         rows.append([f"{t:g}", str(len(group)), str(sum(s.diverged for s in group)), *cells])
     return table(["T", "runs", "diverged", *[name for name, _ in columns]], rows)
+
+
+def _change(s: Summary) -> float | None:
+    start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(sources.VAL_LOSS)
+    return None if s.diverged or start is None or end is None else end - start
+
+
+def layer_table(summaries: list[Summary]) -> str:
+    """One row per layer: the log-log slope against T of each parameter group's gradient norm (point estimates
+    from the per-T geometric means over seeds; the depth findings carry the intervals)."""
+    slopes = layer_slopes(summaries)
+    if not slopes:
+        return "No per-layer gradient norms were logged (GradientNormMonitor `by: [block_kind]`)."
+    groups = list(slopes)
+    layers = sorted({layer for by_layer in slopes.values() for layer in by_layer})
+    n_layers = layers[-1] + 1
+    rows = [[str(layer), str(n_layers - layer), *(fmt(slopes[g].get(layer), 3) for g in groups)] for layer in layers]
+    return table(["layer", "low-T layers crossed", *(f"slope {g}" for g in groups)], rows)
+
+
+def stability_table(summaries: list[Summary]) -> str:
+    """Unstable runs per optimizer, T and learning rate (softmax, k = all, every arm), and the largest stable rate."""
+    by_opt = stability_by_lr(summaries)
+    rows = []
+    for optimizer, by_t in sorted(by_opt.items()):
+        for t, cells in sorted(by_t.items()):
+            outcome = ", ".join(f"{fmt(lr)}: {sum(s.unstable for s in runs)}/{len(runs)}" for lr, runs in sorted(cells.items()))
+            rows.append([optimizer, f"{t:g}", outcome, fmt(largest_stable_lr(cells))])
+    return table(["optimizer", "T", "learning rate: unstable / runs", "largest stable lr"], rows)
 
 
 NORMALIZER_COLUMNS = ["normalizer", "runs", "diverged", "median val/ppl", "median H/log n", "median non-zero keys", "median grad norm"]
@@ -94,7 +133,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
 
 
 RUN_COLUMNS = [
-    "run", "T", "k", "normalizer", "seed", "state", "steps", "clip", sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, "H/log n",
+    "run", "T", "k", "normalizer", "optimizer", "lr", "seed", "state", "steps", "clip", sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, "H/log n",
     "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
 ]  # fmt: skip
 
@@ -105,7 +144,8 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
         spikes = s.values.get(S.SPIKES)
         rows.append(
             [
-                s.name, f"{s.temperature:g}", s.k_label, s.normalizer, "" if s.seed is None else str(s.seed), s.state,
+                s.name, f"{s.temperature:g}", s.k_label, s.normalizer, s.optimizer, fmt(s.learning_rate),
+                "" if s.seed is None else str(s.seed), s.state,
                 "" if s.steps is None else str(s.steps), fmt(s.clip) if s.clip else "off",
                 fmt(s.final.get(sources.TRAIN_LOSS)), fmt(s.final.get(sources.VAL_LOSS)), fmt(s.final.get(sources.VAL_PPL)),
                 fmt(s.final.get(sources.NORMALIZED_ENTROPY)), fmt(s.final.get(sources.KL_UNIFORM)),
@@ -125,7 +165,8 @@ def definitions() -> str:
         f"{percent(CONFIDENCE)}; the per-temperature table's cells are descriptive {percent(CONFIDENCE)} intervals, "
         f"outside the family. Fewer than {MIN_REPLICATES} replicates per group gives no interval and an inconclusive "
         "verdict. "
-        f"A loss spike is a logged `{sources.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the run's own step-0 loss (or non-finite); "
+        f"A loss spike is a logged `{sources.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} "
+        "logged before it (or non-finite); "
         "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
         "See docs/findings.md for each finding's null, statistic and rule."

@@ -35,13 +35,16 @@ VAL_SELECTION_ENTROPY_BY_K = t.attention_mean_regex(r"selection_entropy_k(\d+)",
 BY_VISIBLE_MAX_WEIGHT = t.by_visible_regex("max_weight", t.VAL_PREFIX)  # group 1: the bin's n
 BY_VISIBLE_ENTROPY = t.by_visible_regex("normalized_entropy", t.VAL_PREFIX)
 
-# GradientNormMonitor
+# GradientNormMonitor (per block and kind: GRAD_BLOCK_KIND, groups block and kind) and AttentionJacobianMonitor
 GRAD_NORM, GRAD_NORM_CLIPPED, GRAD_Q, GRAD_K = t.GRAD_NORM, t.GRAD_NORM_CLIPPED, t.GRAD_Q, t.GRAD_K
+GRAD_BLOCK_KIND = t.GRAD_BLOCK_KIND_REGEX
 JACOBIAN, JACOBIAN_MAX = t.jacobian("mean"), t.jacobian("max")
+ENTRY_RATIO_MAX = t.jacobian("entry_ratio_max")  # largest Jacobian entry x 4T (Corollary 3 entrywise: <= 1)
 # validation epochs: the trained model on held-out text, the same rows for every setting
 VAL_JACOBIAN, VAL_JACOBIAN_MAX = t.val(JACOBIAN), t.val(JACOBIAN_MAX)
-FRAC_ABOVE_QUARTER_T = t.val(t.jacobian("frac_above_quarter_T"))
-FRAC_ABOVE_SQRT2 = t.val(t.jacobian("frac_above_sqrt2"))
+VAL_ENTRY_RATIO_MAX = t.val(ENTRY_RATIO_MAX)
+ENTRY_RATIO_MEAN = t.val(t.jacobian("entry_ratio_mean"))
+NEAR_QUARTER_T = t.val(t.jacobian("frac_near_quarter_T"))
 FRAC_SATURATED = t.val(t.jacobian("frac_saturated"))  # among the Jacobian's sampled rows
 
 # NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used only when no gradient monitor logged it.

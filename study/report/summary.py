@@ -17,16 +17,19 @@ from study.report import sources
 from study.report.read import RunData
 from study.report.stats import loglog_slope
 
-SPIKE_FACTOR = 1.2  # a spike: a logged training loss above this x the run's own step-0 loss (or non-finite)
+SPIKE_FACTOR = 1.5  # a spike: a logged training loss above this x the running median of the losses before it
+SPIKE_WINDOW = 5  # the running median: over the last this many logged losses
 
 # names of `Summary.values`
 GRAD_NORM = "grad_norm"  # median pre-clip total gradient norm over logged steps
 GRAD_QK = "grad_qk"  # median over logged steps of sqrt(|g_Wq|^2 + |g_Wk|^2)
 JACOBIAN = "jacobian"  # final validation (else median training) mean attention Jacobian norm
 JACOBIAN_MAX = "jacobian_max"  # largest sampled Jacobian norm of the run (train and validation)
-ABOVE_QUARTER = "frac_above_quarter_T"
-ABOVE_SQRT2 = "frac_above_sqrt2"
+ENTRY_RATIO = "entry_ratio_mean"  # final validation mean over sampled rows of the largest Jacobian entry x 4T
+ENTRY_RATIO_MAX = "entry_ratio_max"  # its largest value in the run (train and validation): <= 1 by mathematics
+NEAR_QUARTER = "frac_near_quarter_T"  # final validation rows whose largest entry is >= 0.9 x 1/(4T)
 SATURATED = "frac_saturated"
+VAL_LOSS_BASELINE = "val_loss_step0"  # val/loss logged at step 0 (BaselineValidation): the frozen model under T
 SELECTION_DRIFT = "selection_drift"  # last - first training H(top-k)/log k
 SELECTION_FINAL = "selection_final"  # final training H(top-k)/log k
 DILUTION_SLOPE = "dilution_slope"  # log-log slope of the validation max weight against the visible count n
@@ -51,6 +54,10 @@ class Summary:
     run: RunData | None = None  # None for synthetic summaries
     same_as: list[str] = field(default_factory=list)  # runs identical to this one by construction
     selection_by_k: dict[int, float] = field(default_factory=dict)  # final validation H(top-k) (nats) per k
+    # median over logged steps of each layer's gradient norm per parameter group (LAYER_GROUPS) -> {layer: norm}
+    layer_grads: dict[str, dict[int, float]] = field(default_factory=dict)
+    optimizer: str = "adamw"
+    learning_rate: float | None = None
 
     @property
     def diverged(self) -> bool:
@@ -78,16 +85,24 @@ def _median(series: list[tuple[int, float]] | None) -> float | None:
 
 
 def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
-    """Logged training losses above SPIKE_FACTOR x the run's step-0 (first logged) loss, or non-finite.
+    """Logged training losses that are non-finite or above SPIKE_FACTOR x the median of the (up to) SPIKE_WINDOW
+    finite losses logged before them, from the second logged loss on.
 
-    Counted from the first step on, so the steps right after the temperature switch are examined too.
+    A running median, not one step-0 batch: a single noisy first batch neither hides later spikes nor makes
+    ordinary batch-to-batch noise (about 20% on 2 x 128 tokens) count as one; a jump right after the switch of
+    temperature is still judged (against the losses before it).
     """
     if not series:
         return None
-    reference = series[0][1]
-    if not math.isfinite(reference):
-        return len(series)
-    return sum(not math.isfinite(v) or v > SPIKE_FACTOR * reference for _, v in series[1:])
+    spikes, recent = 0, []
+    for _, value in series:
+        if not math.isfinite(value):
+            spikes += 1
+            continue
+        if recent and value > SPIKE_FACTOR * float(np.median(recent)):
+            spikes += 1
+        recent = (recent + [value])[-SPIKE_WINDOW:]
+    return spikes
 
 
 def _qk_series(run: RunData) -> list[tuple[int, float]] | None:
@@ -133,12 +148,47 @@ def last_by_group(run: RunData, regex: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+LAYER_GROUPS = {"W_q,W_k": ("attn_q", "attn_k"), "W_v": ("attn_v",), "W_o": ("attn_out",), "MLP": ("mlp",)}
+
+
+def layer_gradients(run: RunData) -> dict[str, dict[int, float]]:
+    """{group: {layer: median over logged steps of the group's gradient norm}} from the per-block-and-kind tags;
+    a group's kinds combine as the root of the sum of squares at each step (W_q and W_k: one attention-logit
+    norm). Groups a run did not log (frozen MLPs) are absent."""
+    by_kind: dict[tuple[int, str], dict[int, float]] = {}
+    for tag, series in run.scalars.items():
+        match = re.match(sources.GRAD_BLOCK_KIND, tag)
+        if match and series:
+            by_kind[(int(match.group(1)), match.group(2))] = dict(series)
+    out: dict[str, dict[int, float]] = {}
+    for group, kinds in LAYER_GROUPS.items():
+        for layer in sorted({b for b, _ in by_kind}):
+            parts = [by_kind.get((layer, k)) for k in kinds]
+            if any(p is None for p in parts):
+                continue
+            steps = set.intersection(*(set(p) for p in parts))
+            combined = [(s, math.sqrt(sum(p[s] ** 2 for p in parts))) for s in sorted(steps)]
+            value = _median(combined)
+            if value is not None:
+                out.setdefault(group, {})[layer] = value
+    return out
+
+
+def _baseline(series: list[tuple[int, float]] | None) -> float | None:
+    """The value logged at step 0 when a later one follows (BaselineValidation's step-0 validation)."""
+    if series and len(series) >= 2 and series[0][0] == 0:
+        return series[0][1]
+    return None
+
+
 def _values(run: RunData) -> dict[str, Any]:
     grad = next((run.series(t) for t in sources.GRAD_NORM_SOURCES if run.series(t)), None)
     maxima = [_last(run.series(t)) for t in (sources.VAL_JACOBIAN_MAX,)] + [
         v for _, v in run.series(sources.JACOBIAN_MAX) or []
     ]
     maxima = [m for m in maxima if m is not None]
+    ratios = [_last(run.series(sources.VAL_ENTRY_RATIO_MAX))] + [v for _, v in run.series(sources.ENTRY_RATIO_MAX) or []]
+    ratios = [r for r in ratios if r is not None]
     drift, final_sel = _selection(run)
     bins = {n: v for n, v in last_by_group(run, sources.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
     return {
@@ -146,8 +196,10 @@ def _values(run: RunData) -> dict[str, Any]:
         GRAD_QK: _median(_qk_series(run)),
         JACOBIAN: _val_or_train(run, sources.VAL_JACOBIAN, sources.JACOBIAN),
         JACOBIAN_MAX: max(maxima) if maxima else None,
-        ABOVE_QUARTER: _val_or_train(run, sources.FRAC_ABOVE_QUARTER_T),
-        ABOVE_SQRT2: _val_or_train(run, sources.FRAC_ABOVE_SQRT2),
+        ENTRY_RATIO: _val_or_train(run, sources.ENTRY_RATIO_MEAN),
+        ENTRY_RATIO_MAX: max(ratios) if ratios else None,
+        NEAR_QUARTER: _val_or_train(run, sources.NEAR_QUARTER_T),
+        VAL_LOSS_BASELINE: _baseline(run.series(sources.VAL_LOSS)),
         SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
         SELECTION_DRIFT: drift,
         SELECTION_FINAL: final_sel,
@@ -179,11 +231,32 @@ def summarize(run: RunData) -> Summary:
         reason=(run.status.get("reason") or "") if run.state != "finished" else "",
         run=run,
         selection_by_k=_selection_by_k(run),
+        layer_grads=layer_gradients(run),
+        optimizer=str(run.params.get("optimizer") or run.setting("model.optimizer", "adamw")),
+        learning_rate=_float(run.params.get("learning_rate") or run.setting("model.learning_rate")),
     )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _selection_by_k(run: RunData) -> dict[int, float]:
     return last_by_group(run, sources.VAL_SELECTION_ENTROPY_BY_K)
+
+
+def share_baselines(summaries: list[Summary]) -> list[Summary]:
+    """Give every run without a step-0 validation the one of a run with the same attention setting (T, k,
+    normaliser): the model before its first update depends on that setting and the validation set only, not on the
+    seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`)."""
+    known: dict[tuple, float] = {}
+    for s in summaries:
+        if s.values.get(VAL_LOSS_BASELINE) is not None:
+            known.setdefault((s.temperature, s.top_k, s.normalizer), s.values[VAL_LOSS_BASELINE])
+    for s in summaries:
+        if s.values.get(VAL_LOSS_BASELINE) is None and (key := (s.temperature, s.top_k, s.normalizer)) in known:
+            s.values[VAL_LOSS_BASELINE] = known[key]
+    return summaries
 
 
 def dedupe(summaries: list[Summary]) -> list[Summary]:

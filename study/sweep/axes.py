@@ -50,6 +50,13 @@ def _seed_check(value: Any) -> None:
         raise ValueError(f"seed must be a non-negative integer, got {value!r}")
 
 
+def _optimizer_check(value: Any) -> None:
+    from study.model import OPTIMIZERS  # the module's own list: one rule for a sweep and a run
+
+    if value not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {value!r}")
+
+
 def _positive_check(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be a finite number > 0, got {value!r}")
@@ -96,6 +103,8 @@ AXES: tuple[Axis, ...] = (
          default="softmax", numeric=False),
     Axis("seed", "seed_everything", "seed", lambda v: f"s{v}", _seed_check, default=0),
     Axis("learning_rate", "model.learning_rate", "learning_rate", lambda v: f"lr{exact(v)}", _positive_check,
+         always_named=False),
+    Axis("optimizer", "model.optimizer", "optimizer", str, _optimizer_check, default="adamw", numeric=False,
          always_named=False),
 )  # fmt: skip
 """Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05 when the grid varies it)."""

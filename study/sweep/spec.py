@@ -40,10 +40,11 @@ TOP_KEYS = {
     "quick",
     "threads",
     "probe",
+    "arms",
 }
 PRETRAIN_KEYS = {"overrides"}
 SWEEP_OWNED = {"trainer.logger", "trainer.callbacks"}  # set per run by the sweep (runargs.py)
-QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe"}
+QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe", "arms"}
 # `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
 PROBE_OPTIONS = {
     "model": "--model",
@@ -290,6 +291,8 @@ def _apply_quick(
         pretrain = copy.deepcopy(pretrain or {})
         pretrain.setdefault("overrides", {}).update(q["pretrain"].get("overrides") or {})
     probe = {**(spec.get("probe") or {}), **q["probe"]} if q.get("probe") is not None else spec.get("probe")
+    if "arms" in q:
+        spec["arms"] = q["arms"]
     return f"{name}-quick", grid, pretrain, probe
 
 
@@ -339,13 +342,20 @@ def build_plan(
     _check_callback_overrides("overrides", overrides, base_config)
     notes: list[str] = []
     grid = _check_grid(grid_in, notes)
+    arms = spec.get("arms") or []
+    if not isinstance(arms, list) or not all(isinstance(a, dict) and a for a in arms):
+        raise SweepSpecError("`arms` must be a list of grids (each a mapping of axes to values) added beside `grid`")
+    # An arm is the main grid with some axes replaced (an SGD arm, a learning-rate sweep at two temperatures):
+    # its runs add to the main grid's, and its replaced axes name its runs.
+    grids = [(grid, set(grid))] + [(_check_grid({**grid_in, **arm}, notes), set(grid) | set(arm)) for arm in arms]
+    # An arm may replace an override (its learning rates over the main runs' one); the main grid may not.
     owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
         raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     passed = passthrough_settings(list(passthrough or []))
     owned = sorted(
         key for key in passed
-        if key in {axes.axis(k).option for k in grid} | SWEEP_OWNED or key.startswith("trainer.callbacks.")
+        if key in {axes.axis(k).option for g, _ in grids for k in g} | SWEEP_OWNED or key.startswith("trainer.callbacks.")
     )
     if owned:
         raise SweepSpecError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
@@ -370,13 +380,15 @@ def build_plan(
     # An axis the grid leaves out keeps the value the runs get anyway (an override's, else the base config's).
     given = {**overrides, **passed}  # what every run gets, whichever way it was given
     fixed = {axis.key: given.get(axis.option, axis.base_value(base_config)) for axis in axes.AXES}
-    for index, combo in enumerate(itertools.product(*(grid.get(axis.key, [None]) for axis in axes.AXES))):
-        params = {axis.key: (value if axis.key in grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
-        rname = folder_name("run name", axes.run_name(params, swept=set(grid)))  # e.g. a normaliser "a/b:C"
+    combos = [(g, named, combo) for g, named in grids
+              for combo in itertools.product(*(g.get(axis.key, [None]) for axis in axes.AXES))]  # fmt: skip
+    for index, (run_grid, named, combo) in enumerate(combos):
+        params = {axis.key: (value if axis.key in run_grid else fixed[axis.key]) for axis, value in zip(axes.AXES, combo)}
+        rname = folder_name("run name", axes.run_name(params, swept=named))  # e.g. a normaliser "a/b:C"
         settings = dict(overrides)
         if pretrained_path:
             settings["model.model_name_or_path"] = pretrained_path
-        settings.update({axis.option: params[axis.key] for axis in axes.AXES if axis.key in grid})
+        settings.update({axis.option: params[axis.key] for axis in axes.AXES if axis.key in run_grid})
         run_dir = sweep_dir / rname
         args, resolved = args_for(run_dir, settings)
         # cannot happen with exact names; never let two runs share a folder silently

@@ -13,6 +13,8 @@ from study.report import markdown as md
 from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import findings, sanity_checks
+from study.report.probe import draw_layers
+from study.report.probe import section as probe_section
 from study.report.read import load_sweep, read_json
 from study.report.summary import Summary, dedupe, summarize
 
@@ -50,7 +52,7 @@ def other_axes(summaries: list[Summary]) -> list[str]:
 
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
-    missing: list[str],
+    missing: list[str], probe_figure: str | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access)."""
     states: dict[str, int] = {}
@@ -82,6 +84,7 @@ def report_text(
         "",
         md.sanity_table(sanity_checks(summaries)),
         "",
+        *probe_section(probe, probe_figure),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
         "",
         md.per_t_table(summaries),
@@ -118,8 +121,10 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         made["normalizers.png"] = normalizers(all_runs, out)
     logged = {t for r in runs for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
+    probe = load_probe(sweep_dir)
+    probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     text = report_text(
-        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing
+        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, probe, missing, probe_figure
     )
     path = out / "report.md"
     path.write_text(text)

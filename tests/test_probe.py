@@ -50,8 +50,29 @@ def save_tiny(tmp_path, text_file, arch: str, **overrides):
 
 
 def args_for(model, text, out, *extra):
-    return ["--model", str(model), "--text", str(text), "--out", str(out), "--batches", "3", "--batch-size", "1",
-            "--seq-len", "16", "--jacobian-rows", "8", "--hessian-iterations", "3", *extra]  # fmt: skip
+    return ["--model", str(model), "--text", str(text), "--out", str(out), "--windows", "3", "--seq-len", "16",
+            "--jacobian-rows", "8", "--hessian-iterations", "3", "--fp64-windows", "1", *extra]  # fmt: skip
+
+
+def windows_of(tok, text_file, count=3, seq_len=16):
+    from study.frozen import documents, text_windows
+
+    return text_windows(tok, documents(str(text_file)), count, seq_len).ids
+
+
+def qk_grad_norm(model, arch: str, layers=None) -> float:
+    from study.metrics import block_index
+
+    def wanted(name):
+        return layers is None or block_index(name) in layers
+
+    if arch == "llama":
+        sq = sum(p.grad.double().square().sum() for n, p in model.named_parameters()
+                 if n.endswith(("q_proj.weight", "k_proj.weight")) and wanted(n) and p.grad is not None)  # fmt: skip
+    else:  # fused c_attn: its q and k column blocks (weight and bias)
+        sq = sum(p.grad.double().chunk(3, dim=-1)[0].square().sum() + p.grad.double().chunk(3, dim=-1)[1].square().sum()
+                 for n, p in model.named_parameters() if ".c_attn." in n and wanted(n) and p.grad is not None)  # fmt: skip
+    return float(sq.sqrt())
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -59,11 +80,14 @@ def test_probe_outputs_and_gradients_match_stock_transformers(tmp_path, text_fil
     folder = save_tiny(tmp_path, text_file, arch)
     out = tmp_path / "out"
     capfd.readouterr()
-    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "0.1", "0.01")) == 0
-    # Off a terminal: one line per T with the count and the time left; no library notices.
+    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "0.1", "0.01", "--single-layers", "1")) == 0
+    # Off a terminal: one line per step with the count and the time left; no library notices.
     stdout, stderr = capfd.readouterr()
     lines = [line for line in stderr.splitlines() if line.startswith("[probe] ")]
-    assert [line.split(" in ")[0] for line in lines] == ["[probe] T 0.01 (1/3)", "[probe] T 0.1 (2/3)", "[probe] T 1 (3/3)"]
+    assert [line.split(" in ")[0] for line in lines] == [
+        "[probe] T 0.01 (every layer) (1/7)", "[probe] T 0.1 (every layer) (2/7)", "[probe] T 1 (every layer) (3/7)",
+        "[probe] T 0.01 (layer 1 alone) (4/7)", "[probe] T 0.1 (layer 1 alone) (5/7)", "[probe] T 1 (layer 1 alone) (6/7)",
+        "[probe] T 0.01 (fp64 reference) (7/7)"]  # fmt: skip
     assert all(line.endswith(" left") for line in lines) and lines[-1].endswith("about 0:00 left")
     assert "Loading weights" not in stdout + stderr and "loss_type" not in stdout + stderr
     report = json.loads((out / "probe.json").read_text())
@@ -72,34 +96,71 @@ def test_probe_outputs_and_gradients_match_stock_transformers(tmp_path, text_fil
     assert (out / "probe.png").stat().st_size > 1000
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     for r in results:
-        assert r["jacobian"]["max"] <= 1 / (2 * r["temperature"]) * (1 + 1e-9)  # exact maximum
-        assert len(r["batches"]) == 3 and math.isfinite(r["hessian_qk_norm"]) and math.isfinite(r["hessian_qk_top"])
-    # T = 1 is the stock model: loss and W_q/W_k gradients match transformers' own eager attention
+        assert r["jacobian"]["max"] <= 1 / (2 * r["temperature"]) * (1 + 1e-6)  # exact maximum (fp32 rows)
+        assert r["jacobian"]["entry_max_times_4T"] <= 1 + 1e-6  # Corollary 3 entrywise, by mathematics
+        assert len(r["windows"]) == 3 and math.isfinite(r["hessian_qk_norm"]) and math.isfinite(r["hessian_qk_top"])
+        # the per-layer W_q/W_k norms add up (in squares) to the whole model's
+        per_window = [math.hypot(*(layer[w] for layer in r["layers"]["attn_qk"])) for w in range(3)]
+        assert per_window == pytest.approx([w["grad_attn_qk"] for w in r["windows"]], rel=1e-5)
+    # T = 1 is the stock model: loss and W_q/W_k gradients match transformers' own eager attention, per window
     model, tok = probe.load_model(str(folder))
     model.set_attn_implementation("eager")
-    batch = probe.make_batches(tok, text_file.read_text(), 3, 1, 16)[0]
-    loss = model(input_ids=batch, labels=batch).loss
+    batch = windows_of(tok, text_file)[0][None]
+    embeds = model.get_input_embeddings()(batch).detach().requires_grad_()
+    loss = model(inputs_embeds=embeds, labels=batch).loss
     loss.backward()
-    if arch == "llama":
-        sq = sum(p.grad.square().sum() for n, p in model.named_parameters() if n.endswith(("q_proj.weight", "k_proj.weight")))
-    else:  # fused c_attn: its q and k column blocks (weight and bias)
-        sq = sum(p.grad.chunk(3, dim=-1)[0].square().sum() + p.grad.chunk(3, dim=-1)[1].square().sum()
-                 for n, p in model.named_parameters() if ".c_attn." in n)  # fmt: skip
-    stock = results[-1]["batches"][0]
+    stock = results[-1]["windows"][0]
     assert math.isclose(stock["loss"], float(loss), rel_tol=1e-5)
-    assert math.isclose(stock["grad_attn_qk"], float(sq.sqrt()), rel_tol=1e-4)
+    assert math.isclose(stock["grad_attn_qk"], qk_grad_norm(model, arch), rel_tol=1e-4)
+    # the residual stream entering layer 0 is the embeddings' output
+    assert math.isclose(results[-1]["layers"]["residual"][0][0], float(embeds.grad.norm()), rel_tol=1e-4)
+    # at T = 1 "layer 1 alone" is the stock model too: its own W_q/W_k norm is the all-layer run's layer 1
+    (single,) = report["single_layer"]
+    assert single["layer"] == 1
+    assert single["results"][-1]["windows"][0]["grad_attn_qk"] == pytest.approx(results[-1]["layers"]["attn_qk"][1][0], rel=1e-4)
+    # the fp64 reference ran at the grid's T <= 0.01 on one window, and agrees with fp32 on this small model
+    assert report["fp64_temperatures"] == [0.01]
+    assert results[0]["fp64"]["grad_attn_qk"][0] == pytest.approx(results[0]["windows"][0]["grad_attn_qk"], rel=1e-3)
+    assert "fp64" not in results[1]
 
 
-def test_hessian_power_iteration_matches_the_exact_restricted_hessian(tmp_path, text_file):
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_single_layer_gradient_is_that_layers_own_with_t_lowered_there_only(tmp_path, text_file, arch):
+    """Brute force: T lowered in layer 0 only (`AttentionSpec.layers`), a full backward, that layer's W_q/W_k
+    gradient; the probe's single-layer number (backward stopped at that layer) is the same, in fp32 and fp64."""
+    from study.attention import AttentionSpec, apply_attention_spec, tapping
+    from study.probe import measure
+    from study.probe.jacobian import ExplicitPath
+
+    folder = save_tiny(tmp_path, text_file, arch)
+    model, tok = probe.load_model(str(folder))
+    windows = windows_of(tok, text_file, count=2)
+    result = measure.single_layer(model, windows, 0.05, 0, rows=4, seed=0)
+    apply_attention_spec(model, AttentionSpec(temperature=0.05, layers=(0,)))
+    for index, window in enumerate(windows):
+        model.zero_grad(set_to_none=True)
+        with tapping(ExplicitPath()):
+            model(input_ids=window[None], labels=window[None]).loss.backward()
+        assert result["windows"][index]["grad_attn_qk"] == pytest.approx(qk_grad_norm(model, arch, layers=(0,)), rel=1e-4)
+    assert all(p.requires_grad for p in model.parameters())  # restored after the single-layer backward
+    model.double()
+    reference = measure.qk_gradient(model, windows, 0.05, 0)
+    assert reference == pytest.approx([w["grad_attn_qk"] for w in result["windows"]], rel=1e-4)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+def test_hessian_power_iteration_matches_the_exact_restricted_hessian_at_low_t(tmp_path, text_file):
     from torch.func import functional_call, hessian
 
     from study.attention import AttentionSpec, apply_attention_spec, tapping
+    from study.probe.gradients import qk_masks
+    from study.probe.hessian import hessian_qk
+    from study.probe.jacobian import ExplicitPath
 
     folder = save_tiny(tmp_path, text_file, "llama", hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
                        num_hidden_layers=1, intermediate_size=8)  # fmt: skip
     model, tok = probe.load_model(str(folder))
-    apply_attention_spec(model, AttentionSpec(temperature=0.3))
-    batch = probe.make_batches(tok, text_file.read_text(), 1, 1, 12)[0]
+    batch = windows_of(tok, text_file, count=1, seq_len=12)
     names = [n for n, _ in model.named_parameters() if n.endswith(("q_proj.weight", "k_proj.weight"))]
     params = dict(model.named_parameters())
     shapes = [params[n].shape for n in names]
@@ -110,35 +171,78 @@ def test_hessian_power_iteration_matches_the_exact_restricted_hessian(tmp_path, 
         overrides = {n: c.view(s) for n, c, s in zip(names, chunks, shapes)}
         return functional_call(model, overrides, (batch,), {"labels": batch}).loss
 
-    with tapping(probe.ExplicitPath()):
-        exact = torch.linalg.eigvalsh(hessian(loss_of)(flat).double())
-        norm, top = probe.hessian_qk(model, batch, 300, torch.Generator().manual_seed(0))
-    # the q-k cross terms give a nearly symmetric spectrum: plain power iteration alone would not settle
-    assert math.isclose(norm, exact.abs().max().item(), rel_tol=1e-2), (norm, exact[-3:], exact[:3])
-    assert math.isclose(top, exact[-1].item(), rel_tol=2e-2), (top, exact[-3:])
+    for temperature in (0.3, 0.01):
+        apply_attention_spec(model, AttentionSpec(temperature=temperature))
+        with tapping(ExplicitPath()):
+            exact = torch.linalg.eigvalsh(hessian(loss_of)(flat).double())
+            norm, top = hessian_qk(model, batch, qk_masks(model), 300, torch.Generator().manual_seed(0))
+        # the q-k cross terms give a nearly symmetric spectrum: plain power iteration alone would not settle
+        assert math.isclose(norm, exact.abs().max().item(), rel_tol=1e-2), (temperature, norm, exact[-3:], exact[:3])
+        assert math.isclose(top, exact[-1].item(), rel_tol=2e-2), (temperature, top, exact[-3:])
+
+
+def test_power_iteration_does_not_overflow_float32():
+    """At T = 0.01 the W_q/W_k Hessian of a 135 M model has entries near 1e19: their squares overflow float32, and a
+    plain sqrt(sum h^2) normalisation read the Hessian as 0.0. Here a float32 operator with eigenvalues +-1e21."""
+    from study.probe.hessian import power_iteration, safe_norm
+
+    gen = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen, dtype=torch.float64))
+    eigen = torch.linspace(-1.0, 0.9, 64, dtype=torch.float64) * 1e21
+    matrix = (basis * eigen) @ basis.T
+
+    def hvp(v):
+        return [(matrix @ v[0].double()).float()]
+
+    start = [torch.randn(64, generator=gen)]
+    _, norm = power_iteration(hvp, start, 200)
+    assert norm == pytest.approx(1e21, rel=1e-3)
+    _, shifted = power_iteration(hvp, start, 400, shift=norm)
+    assert shifted - norm == pytest.approx(0.9e21, rel=2e-2)
+    assert safe_norm([torch.full((4,), 1e30)]) == pytest.approx(2e30)  # float32 squares would be inf
+    assert safe_norm([torch.zeros(3)]) == 0.0
 
 
 def test_bad_input_fails_before_loading_the_model(tmp_path, text_file, monkeypatch, capsys):
+    from study.probe import command
+
     def never(name):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(probe, "load_model", never)
+    monkeypatch.setattr(command, "load_model", never)
     folder = save_tiny(tmp_path, text_file, "llama")
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
     for argv, message in (
         (args_for(folder, text_file, tmp_path / "o", "--temperatures", "0.1", "0"), "got [0.0]"),
         (args_for(folder, text_file, tmp_path / "o", "--temperatures", "-1"), "got [-1.0]"),
         (args_for(tmp_path / "nope", text_file, tmp_path / "o"), "nope"),
         (args_for("./missing/model", text_file, tmp_path / "o"), "./missing/model"),
         (args_for("no-such-hub-model", text_file, tmp_path / "o"), "no-such-hub-model"),
-        (args_for(folder, empty, tmp_path / "o"), "is empty"),
+        (args_for(folder, empty, tmp_path / "o"), "empty text"),
+        (args_for(folder, binary, tmp_path / "o"), "is not text"),
         (args_for(folder, tmp_path / "none.txt", tmp_path / "o"), "none.txt"),
-        (args_for(folder, text_file, tmp_path / "o", "--batches", "0"), "--batches must be >= 1, got 0"),
+        (args_for(folder, text_file, tmp_path / "o", "--windows", "0"), "--windows must be >= 1, got 0"),
+        (args_for(folder, text_file, tmp_path / "o", "--batch-size", "2"), "--batch-size must be 1"),
+        (args_for(folder, text_file, tmp_path / "o", "--seq-len", "100000"),
+         f"--seq-len 100000 is longer than the context length of {folder} (64 tokens)"),
+        (args_for(folder, text_file, tmp_path / "o", "--temperatures", "1", "--fp64-temperatures", "0.1"),
+         "--fp64-temperatures [0.1] not in --temperatures [1.0]"),
     ):
         assert probe.main(argv) == 2, argv
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_layer_the_model_does_not_have_and_too_little_text_are_named(tmp_path, text_file, capsys):
+    folder = save_tiny(tmp_path, text_file, "llama")
+    assert probe.main(args_for(folder, text_file, tmp_path / "o", "--single-layers", "7")) == 2
+    assert "--single-layers [7]: the model has layers 0..1" in capsys.readouterr().err
+    assert probe.main(args_for(folder, text_file, tmp_path / "o", "--windows", "500", "--seq-len", "60")) == 2
+    err = capsys.readouterr().err
+    assert "room for" in err and "windows of 60 tokens; 500 asked" in err
 
 
 def test_help_documents_the_verb(capsys):
@@ -156,7 +260,7 @@ def test_sweep_spec_probe_section(tmp_path):
 
     plan = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path))
     assert plan.probe[:4] == ["--model", str(tmp_path / "default-quick" / "pretrain" / "hf"), "--out", str(tmp_path / "default-quick" / "probe")]
-    assert "--temperatures" in plan.probe and plan.probe[plan.probe.index("--batches") + 1] == "3"  # quick over main
+    assert "--temperatures" in plan.probe and plan.probe[plan.probe.index("--windows") + 1] == "20"  # quick over main
     spec = tmp_path / "bad.yaml"
     for section, message in (("{temperatures: [0.1, 0]}", "probe.temperatures"), ("{steps: 3}", "unknown key(s) ['steps']"),
                              ("{enabled: true}", "probe.model")):  # fmt: skip
@@ -171,7 +275,7 @@ def test_every_temperature_measures_the_same_rows(tmp_path, text_file):
     1e-9 give the same Jacobian statistics and Hessian (a new sample per T gave different rows)."""
     folder = save_tiny(tmp_path, text_file, "gpt2")
     out = tmp_path / "out"
-    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "1.000000001", "--quiet")) == 0
+    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "1.000000001", "--quiet", "--single-layers")) == 0
     first, second = json.loads((out / "probe.json").read_text())["results"]
     for key in ("p10", "p50", "p90", "max"):
         assert second["jacobian"][key] == pytest.approx(first["jacobian"][key], rel=1e-6), key

@@ -87,26 +87,6 @@ def test_one_over_t_finding_fails_on_saturated_rows(key):
     assert F.slope_finding(claim, "s", two_levels, key).verdict == INCONCLUSIVE
 
 
-def test_probe_finding_uses_paired_batches():
-    def probe(power):
-        results = [
-            {"temperature": t, "saturated_fraction": 0.1, "batches": [{"grad_attn_qk": t**power * (1 + 0.05 * b)} for b in range(4)]}
-            for t in TEMPS
-        ]
-        return {"model": "tiny", "results": results}
-
-    assert F.probe_finding(probe(-1.0)).verdict == SUPPORTED
-    assert F.probe_finding(probe(0.0)).verdict == NOT_SUPPORTED
-    assert F.probe_finding(None) is None
-    # A gradient that vanishes at the lowest T is the opposite of the claim: it must not be dropped and the rest
-    # fitted (which gave "supported", slope -1, before).
-    vanishing = probe(-1.0)
-    vanishing["results"].insert(0, {"temperature": 0.001, "saturated_fraction": 1.0,
-                                    "batches": [{"grad_attn_qk": 0.0} for _ in range(4)]})
-    finding = F.probe_finding(vanishing)
-    assert finding.verdict == INCONCLUSIVE and "<= 0 at level(s) 0.001" in finding.value
-
-
 # ---- claims 1 and 6 --------------------------------------------------------------------------------------------
 def test_dilution_finding():
     diluted = [run(1.0, s, dilution_slope=-0.9 + noise(s)) for s in SEEDS]

@@ -52,22 +52,23 @@ def masked_norm(masks: list[tuple[nn.Parameter, Tensor]]) -> float:
     return math.sqrt(sq)
 
 
-def model_norms(model: nn.Module) -> dict[str, float]:
-    """Whole-model norms: W_q, W_k, both, the rest, the total, the embeddings."""
+def gradient_norms(model: nn.Module) -> dict[str, float]:
+    """`grouped_grad_norms` by kind and by block and kind, in one pass over the gradients."""
     from study.metrics import grouped_grad_norms
 
-    norms = {k: float(v) for k, v in grouped_grad_norms(model.named_parameters(), by=("kind",)).items()}
+    return {k: float(v) for k, v in grouped_grad_norms(model.named_parameters(), by=("kind", "block_kind")).items()}
+
+
+def model_norms(norms: dict[str, float]) -> dict[str, float]:
+    """Whole-model norms from `gradient_norms`: W_q, W_k, both, the rest, the total, the embeddings."""
     q, k, total = norms.get("attn_q", 0.0), norms.get("attn_k", 0.0), norms["total"]
     qk = math.hypot(q, k)
     return {"attn_q": q, "attn_k": k, "attn_qk": qk, "rest": math.sqrt(max(total**2 - qk**2, 0.0)), "total": total,
             "embedding": norms.get("embedding", 0.0)}  # fmt: skip
 
 
-def layer_norms(model: nn.Module, layers: int) -> dict[str, list[float]]:
-    """Per layer (0 .. layers - 1): W_q and W_k together, W_v, W_o and the MLP."""
-    from study.metrics import grouped_grad_norms
-
-    norms = {k: float(v) for k, v in grouped_grad_norms(model.named_parameters(), by=("block_kind",)).items()}
+def layer_norms(norms: dict[str, float], layers: int) -> dict[str, list[float]]:
+    """Per layer (0 .. layers - 1) from `gradient_norms`: W_q and W_k together, W_v, W_o and the MLP."""
 
     def get(layer: int, kind: str) -> float:
         return norms.get(f"block_{layer}/{kind}", 0.0)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from study.probe.gradients import (
+    gradient_norms,
     layer_norms,
     masked_norm,
     model_norms,
@@ -47,9 +48,9 @@ def all_layers(model: nn.Module, windows: Tensor, temperature: float, rows: int,
         with tapping(sampler), residual_gradients(model) as residual:  # the tap also forces the explicit path
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
-        norms = model_norms(model)
-        per_window.append({"loss": float(loss.detach()), **{f"grad_{k}": v for k, v in norms.items()}})
-        for kind, values in {**layer_norms(model, layers), "residual": list(residual)}.items():
+        norms = gradient_norms(model)
+        per_window.append({"loss": float(loss.detach()), **{f"grad_{k}": v for k, v in model_norms(norms).items()}})
+        for kind, values in {**layer_norms(norms, layers), "residual": list(residual)}.items():
             for layer, value in enumerate(values):
                 per_layer[kind][layer].append(value)
     model.zero_grad(set_to_none=True)

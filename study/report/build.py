@@ -14,6 +14,8 @@ from study.report import markdown as md
 from study.report import sources
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
+from study.report.probe import draw_layers
+from study.report.probe import section as probe_section
 from study.report.read import load_sweep, read_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import Family, family_level, simultaneous
@@ -77,7 +79,7 @@ def judged(summaries: list[Summary], probe: dict | None) -> tuple[list[Finding],
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
-    not_counted: list[Summary] | None = None,
+    not_counted: list[Summary] | None = None, probe_figure: str | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart."""
@@ -122,6 +124,7 @@ def report_text(
         "",
         md.sanity_table(sanity_checks(summaries)),
         "",
+        *probe_section(probe, probe_figure),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
         "",
         "Step 0 is the frozen model under the new T, validated before the first update (BaselineValidation); "
@@ -179,8 +182,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     logged = {t for r in runs if r.name in counted for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
+    probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     judgement = judged(primary, probe)
-    text = report_text(title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted)
+    text = report_text(
+        title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
+    )
     path = out / "report.md"
     path.write_text(text)
     found, family = judgement

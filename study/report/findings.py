@@ -161,24 +161,11 @@ def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str) -> 
     return finding
 
 
-def probe_finding(probe: dict | None) -> Finding | None:
-    """The probe's W_q/W_k gradient norm against T on a frozen model; paired: the same batches at each T."""
-    if not probe:
-        return None
-    levels = {float(r["temperature"]): [b["grad_attn_qk"] for b in r["batches"]] for r in probe.get("results", [])}
-    sat = {float(r["temperature"]): r.get("saturated_fraction") for r in probe.get("results", [])}
-    finding = _judge(
-        f"5. gradient sensitivity grows like 1/T (probe, {probe.get('model', '?')}, no training)",
-        "slope 0 (no dependence on T)",
-        "log-log slope of |grad W_q, W_k| vs T (one slope per text batch, t-interval over batches)",
-        SLOPE_RULE,
-        lambda: slope_interval(levels, what="batches", paired=True),
-        paper_value="1/T (slope -1)",
-        experiment="probe",
-    )
-    if sat and sat[min(sat)] is not None:
-        finding.value += f"; saturated rows at T={min(sat):g}: {fmt(sat[min(sat)], 3)}"
-    return finding
+def probe_findings(probe: dict | None) -> list[Finding]:
+    """The probe's single-layer test, one finding per chosen layer (`study.report.probe`); none without a probe."""
+    from study.report.probe import single_layer_findings
+
+    return [Finding(**fields) for fields in single_layer_findings(probe)]
 
 
 # ---- claims 1 and 6: dilution and selection -------------------------------------------------------------------
@@ -469,9 +456,7 @@ def findings(summaries: list[Summary], probe: dict | None = None) -> list[Findin
     if last is not None:
         out.append(last)
     out += depth_findings(main)
-    probed = probe_finding(probe)
-    if probed is not None:
-        out.append(probed)
+    out += probe_findings(probe)
     out += [dilution_finding(main), drift_finding(main)]
     out += [instability_finding(main), *lr_stability_findings(summaries), recovery_finding(main)]
     return out

@@ -1,0 +1,243 @@
+"""The probe's findings and its section of report.md, from `<sweep>/probe/probe.json` (`study probe`).
+
+The finding is the paper's per-layer claim, tested one layer at a time: with T lowered in that layer only, its
+own W_q/W_k gradient grows like 1/T. Its slope is fitted on the grid's T <= `REGIME_MAX_T` (the low-temperature
+regime, where the paper states that the sensitivity follows 1/T), with a paired bootstrap over the independent
+text windows (the same windows at every T), and judged by `SINGLE_LAYER_RULE`, two-sided. Where the fp64 reference
+ran inside that regime and an fp32 gradient differs from it by more than `FP64_TOLERANCE`, the verdict is
+"numerically unreliable". With T lowered in every layer the slopes are described (per layer and parameter type,
+and against depth), not judged: they measure how gradients compound through depth, not the claim.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from study.report.stats import INCONCLUSIVE, BandRule, Interval, TooFew, fmt, loglog_slope, slope_interval
+
+SINGLE_LAYER_RULE = BandRule(claimed=-1.0, width=0.25)
+REGIME_MAX_T = 0.1  # the verdict's regime: the grid's T <= this
+FP64_TOLERANCE = 0.05  # |fp32 / fp64 - 1| above this makes a gradient numerically unreliable
+UNRELIABLE = "numerically unreliable"
+KIND_NAMES = {"attn_qk": "W_q, W_k", "attn_v": "W_v", "attn_out": "W_o", "mlp": "MLP", "residual": "residual stream"}
+FIGURE = "probe_layers.png"
+
+
+def _positive(values) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v) and v > 0]
+
+
+def geomean(values) -> float | None:
+    finite = _positive(values)
+    return math.exp(sum(map(math.log, finite)) / len(finite)) if finite else None
+
+
+def local_slopes(levels: dict[float, list[float]]) -> list[tuple[float, float, float | None]]:
+    """(T1, T2, slope of the geometric means between them) for each adjacent pair of the sorted T."""
+    ts = sorted(levels)
+    out = []
+    for a, b in zip(ts, ts[1:]):
+        ga, gb = geomean(levels[a]), geomean(levels[b])
+        out.append((a, b, math.log(gb / ga) / math.log(b / a) if ga and gb else None))
+    return out
+
+
+def in_regime(levels: dict[float, list[float]]) -> dict[float, list[float]]:
+    return {t: v for t, v in levels.items() if t <= REGIME_MAX_T}
+
+
+def fp32_over_fp64(result: dict) -> float | None:
+    """The ratio fp32 / fp64 of the W_q/W_k gradient norm that deviates most over the windows the fp64 reference
+    repeated (None where it did not run)."""
+    reference = (result.get("fp64") or {}).get("grad_attn_qk") or []
+    ratios = [w["grad_attn_qk"] / r for w, r in zip(result.get("windows", []), reference) if r and r > 0]
+    ratios = [r for r in ratios if r > 0 and math.isfinite(r)]
+    return max(ratios, key=lambda x: abs(math.log(x))) if ratios else None
+
+
+def unreliable(results: list[dict], regime_only: bool = True) -> list[tuple[float, float]]:
+    """(T, fp32/fp64) wherever the fp64 reference disagrees beyond `FP64_TOLERANCE` (in the regime only)."""
+    out = []
+    for r in results:
+        ratio = fp32_over_fp64(r)
+        if ratio is not None and (not regime_only or r["temperature"] <= REGIME_MAX_T) and abs(ratio - 1) > FP64_TOLERANCE:
+            out.append((r["temperature"], ratio))
+    return out
+
+
+def single_layer_findings(probe: dict | None) -> list[dict]:
+    """One finding per layer of the single-layer test (the fields of `study.report.findings.Finding`): the layer's
+    own W_q/W_k gradient against T in that layer alone."""
+    out = []
+    for entry in (probe or {}).get("single_layer", []):
+        results = entry["results"]
+        levels = in_regime({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in results})
+        claim = (f"5. a layer's attention-logit gradient grows like 1/T (layer {entry['layer']} alone, "
+                 f"{probe.get('model', '?')}, frozen)")  # fmt: skip
+        statistic = (f"log-log slope of layer {entry['layer']}'s |grad W_q, W_k| vs T in that layer only, "
+                     f"T <= {fmt(REGIME_MAX_T)}, one slope per text window, t-interval over windows")  # fmt: skip
+        try:
+            interval = slope_interval(levels, what="windows", paired=True)
+        except TooFew as err:
+            out.append(finding(claim, statistic, f"too few: {err}", INCONCLUSIVE, SINGLE_LAYER_RULE.describe(), None))
+            continue
+        verdict, value = SINGLE_LAYER_RULE.verdict(interval), str(interval)
+        if side := SINGLE_LAYER_RULE.side(interval):
+            value += f" ({side})"
+        low = min(levels)
+        sat = next((r["jacobian"].get("saturated_fraction") for r in results if float(r["temperature"]) == low), None)
+        if sat is not None:
+            value += f"; saturated rows at T={fmt(low)}: {fmt(sat, 3)}"
+        if bad := unreliable(results):
+            verdict = UNRELIABLE
+            value += "; fp32/fp64 " + ", ".join(f"{fmt(r, 3)} at T={fmt(t)}" for t, r in bad)
+        out.append(finding(claim, statistic, value, verdict, SINGLE_LAYER_RULE.describe() + f"; {UNRELIABLE} if "
+                           f"fp32 and fp64 differ by more than {fmt(100 * FP64_TOLERANCE)}% in that range", interval))  # fmt: skip
+    return out
+
+
+def finding(claim: str, statistic: str, value: str, verdict: str, rule: str, interval: Interval | None) -> dict:
+    return {"claim": claim, "null": "slope 0 (no dependence on T)", "statistic": statistic, "value": value,
+            "verdict": verdict, "rule": rule, "paper_value": "1/T", "experiment": "probe", "interval": interval}  # fmt: skip
+
+
+# ---- T in every layer: described, not judged --------------------------------------------------------------------
+def layer_slopes(probe: dict) -> dict[str, list[float | None]]:
+    """Per parameter type, per layer: the log-log slope of the layer's gradient norm (geometric mean over windows)
+    against T in every layer, over the verdict's regime."""
+    results = [r for r in probe["results"] if float(r["temperature"]) <= REGIME_MAX_T]
+    ts = [float(r["temperature"]) for r in results]
+    out = {}
+    for kind in KIND_NAMES:
+        if kind not in results[0].get("layers", {}):
+            continue
+        layers = len(results[0]["layers"][kind])
+        out[kind] = [loglog_slope(ts, [geomean(r["layers"][kind][layer]) for r in results]) for layer in range(layers)]
+    return out
+
+
+def depth_trend(slopes: list[float | None]) -> tuple[float, float, float] | None:
+    """(slope at the first layer, at the last, change per layer by least squares) of per-layer slopes."""
+    pts = [(i, s) for i, s in enumerate(slopes) if s is not None]
+    if len(pts) < 2:
+        return None
+    per_layer = float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
+    return pts[0][1], pts[-1][1], per_layer
+
+
+def depth_statement(slopes: dict[str, list[float | None]]) -> str:
+    """What the per-layer slopes say, in words built from the numbers (not a verdict)."""
+    trend = depth_trend(slopes.get("attn_qk", []))
+    if trend is None:
+        return "Too few temperatures in the regime to describe the per-layer slopes."
+    first, last, per_layer = trend
+    layers = len(slopes["attn_qk"])
+    text = (f"With T lowered in every layer, the W_q/W_k gradient of layer 0 grows like T^{fmt(first, 3)} and that of "
+            f"layer {layers - 1} like T^{fmt(last, 3)} ({fmt(per_layer, 2)} per layer of depth): ")  # fmt: skip
+    if per_layer > 0.02:
+        text += "the fewer low-T layers above a layer, the shallower its slope: gradients compound through depth. "
+    elif per_layer < -0.02:
+        text += "the slope steepens towards the output. "
+    else:
+        text += "about the same slope at every depth. "
+    controls = {k: depth_trend(v) for k, v in slopes.items() if k != "attn_qk"}
+    alike = [k for k, t in controls.items() if t is not None and abs(t[0] - first) <= 0.25 * max(abs(first), 1)]
+    if controls:
+        text += "At layer 0 the controls grow like " + ", ".join(
+            f"{KIND_NAMES[k]} T^{fmt(t[0], 3)}" for k, t in controls.items() if t is not None) + "; "  # fmt: skip
+        text += (f"{', '.join(KIND_NAMES[k] for k in alike)} within 25% of W_q/W_k: nothing there is specific to the "
+                 "attention logits." if alike else "none of them within 25% of W_q/W_k.")  # fmt: skip
+    return text
+
+
+def draw_layers(probe: dict, out: Path) -> str | None:
+    """Slope against layer depth, one line per parameter type; the caption, or None without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slopes = layer_slopes(probe)
+    if not slopes:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for kind, values in slopes.items():
+        pts = [(i, s) for i, s in enumerate(values) if s is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if kind == "attn_qk" else ".--", label=KIND_NAMES[kind])
+    for entry in probe.get("single_layer", []):
+        levels = in_regime({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in entry["results"]})
+        slope = loglog_slope(list(levels), [geomean(v) for v in levels.values()])
+        if slope is not None:
+            ax.plot([entry["layer"]], [slope], "k*", ms=12)
+    ax.plot([], [], "k*", ms=12, label="W_q, W_k with T in that layer alone")
+    ax.axhline(-1, color="grey", lw=1, ls=":", label="1/T")
+    ax.set(xlabel="layer", ylabel=f"log-log slope vs T (T <= {fmt(REGIME_MAX_T)})",
+           title="gradient slope against T, per layer (T lowered in every layer)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / FIGURE, dpi=90)
+    plt.close(fig)
+    return "Probe: gradient slope against T per layer and parameter type, and the single-layer test"
+
+
+def section(probe: dict | None, figure: str | None = None) -> list[str]:
+    """The probe's part of report.md: what the data say with T in every layer, the local slopes, fp32 against
+    fp64, Corollary 3 entrywise, the per-layer table."""
+    from study.report.markdown import table
+
+    if not probe or not probe.get("results"):
+        return []
+    results = probe["results"]
+    single = probe.get("single_layer", [])
+    slopes = layer_slopes(probe)
+    lines = ["## Probe (frozen model, no training)", "",
+             f"`study probe` on {probe.get('model', '?')}: {probe.get('windows', '?')} independent text windows of "
+             f"{probe.get('seq_len', '?')} tokens across the documents of `{probe.get('text', '?')}` (the replicates; "
+             "the same windows at every T). The finding above lowers T in one layer at a time; with T lowered in every "
+             "layer the numbers below are described, not judged.", "", depth_statement(slopes), ""]  # fmt: skip
+    if bad := unreliable(results):
+        lines += [f"With T in every layer the fp32 gradients are {UNRELIABLE} at " + ", ".join(
+            f"T={fmt(t)} (fp32/fp64 = {fmt(r, 3)})" for t, r in bad) + ": read those slopes as fp32 artefacts.", ""]  # fmt: skip
+    columns = ["T pair", "W_q, W_k (every layer)"] + [f"layer {e['layer']} alone" for e in single]
+    every = local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in results})
+    alone = [local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in e["results"]})
+             for e in single]  # fmt: skip
+    rows = []
+    for i, (a, b, s) in enumerate(every):
+        mark = " (regime)" if b <= REGIME_MAX_T else ""
+        rows.append([f"{fmt(a)} - {fmt(b)}{mark}", fmt(s, 3)] + [fmt(col[i][2], 3) for col in alone])
+    lines += ["### Local slopes (log-log, between adjacent T; geometric means over windows)", "", table(columns, rows),
+              "", f"The verdict uses the pairs marked (regime): T <= {fmt(REGIME_MAX_T)}.", ""]  # fmt: skip
+    checked = [i for i, r in enumerate(results) if r.get("fp64") or any(e["results"][i].get("fp64") for e in single)]
+    if checked:
+        columns = ["T", "W_q, W_k (every layer) fp32/fp64"] + [f"layer {e['layer']} alone" for e in single]
+        columns += ["Hessian norm fp32", "Hessian norm fp64"]
+        rows = []
+        for index in checked:
+            r = results[index]
+            ratios = [fp32_over_fp64(r)] + [fp32_over_fp64(e["results"][index]) for e in single]
+            rows.append([fmt(r["temperature"])] + [fmt(x, 4) for x in ratios]
+                        + [fmt(r.get("hessian_qk_norm"), 3), fmt((r.get("fp64") or {}).get("hessian_qk_norm"), 3)])  # fmt: skip
+        lines += [f"### fp32 against the fp64 reference ({probe.get('fp64_windows', '?')} windows; the ratio farthest "
+                  f"from 1; beyond {fmt(100 * FP64_TOLERANCE)}% a number is {UNRELIABLE})", "", table(columns, rows), ""]  # fmt: skip
+    rows = [[fmt(r["temperature"]), fmt(r["jacobian"].get("entry_max_times_4T"), 4),
+             fmt(r["jacobian"].get("entry_frac_above_0.5"), 3), fmt(r["jacobian"].get("entry_frac_above_0.9"), 3),
+             fmt(r["jacobian"].get("saturated_fraction"), 3), fmt(r["jacobian"].get("max_times_2T"), 4)] for r in results]  # fmt: skip
+    lines += ["### Corollary 3 entrywise (T in every layer, sampled rows)", "",
+              "max |J_ij| <= 1/(4T) holds for every row by mathematics (the first column, at most 1, checks the code); "
+              "the empirical question is how close real rows come to it. The spectral norm reaches 1/(2T) (last "
+              "column, at most 1), so the bound does not hold as a spectral norm.", "",
+              table(["T", "max over rows of max|J_ij| x 4T", "rows above 1/2 of the bound", "rows above 9/10",
+                     "saturated rows", "max spectral norm x 2T"], rows), ""]  # fmt: skip
+    if any(v is not None for values in slopes.values() for v in values):
+        layers = len(next(iter(slopes.values())))
+        rows = [[str(i)] + [fmt(slopes[k][i], 3) for k in slopes] for i in range(layers)]
+        lines += [f"### Per-layer slopes against T (T in every layer, T <= {fmt(REGIME_MAX_T)})", "",
+                  table(["layer"] + [KIND_NAMES[k] for k in slopes], rows), ""]  # fmt: skip
+    if figure:
+        lines += [f"![probe slopes per layer]({figure})", ""]
+    lines += ["The probe's own figure (curves against T, Hessian, fp32/fp64): `../probe/probe.png`.", ""]
+    return lines

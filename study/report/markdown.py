@@ -20,12 +20,7 @@ from study.report.findings import (
 )
 from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, confidence, fmt, mean_interval, percent
 from study.report.summary import Summary
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+from study.report.table import table
 
 
 def findings_table(found: list[Finding]) -> str:

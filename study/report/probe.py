@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from study.report.stats import INCONCLUSIVE, BandRule, Interval, TooFew, fmt, loglog_slope, slope_interval
+from study.report.table import table
 
 SINGLE_LAYER_RULE = BandRule(claimed=-1.0, width=0.25)
 REGIME_MAX_T = 0.1  # the verdict's regime: the grid's T <= this
@@ -186,8 +187,6 @@ def draw_layers(probe: dict, out: Path) -> str | None:
 def section(probe: dict | None, figure: str | None = None) -> list[str]:
     """The probe's part of report.md: what the data say with T in every layer, the local slopes, fp32 against
     fp64, Corollary 3 entrywise, the per-layer table."""
-    from study.report.markdown import table
-
     if not probe or not probe.get("results"):
         return []
     results = probe["results"]

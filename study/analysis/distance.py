@@ -15,7 +15,7 @@ from study import tags
 
 from . import plots
 from .registration import Analysis, LayerInput, Settings, mean_of, per_head_rows, prefix_means, stack_layers
-from .rows import DEFAULT_BUDGET, check_ns, distances_to, flatten_rows, row_chunk, top_ranks
+from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_ranks
 
 DISTANCE_READINGS = ("sum_outside", "norm_of_sum")
 
@@ -88,12 +88,10 @@ def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
     One loop over (leading index, row chunk), about 60 lines: each chunk's statistics share its ranking, its
     top-N context vectors and its distances, so splitting the loop would recompute or pass them all.
     """
-    lead, w, xs = flatten_rows(weights, x)
+    lead, w, xs, ns, nt = rows_and_grid(weights, x, ns)
     P, L, _ = w.shape
-    ns = check_ns(ns, L)
     G = len(ns)
     dev, dt = w.device, w.dtype
-    nt = torch.tensor(ns, device=dev)
     names = ["d_sum_outside", "d_norm_of_sum", "expectation", "top_mass"]
     if bound:
         names += ["bound", "d1", "max_top_norm"]

@@ -24,7 +24,7 @@ from .registration import (
     prefix_means,
     stack_layers,
 )
-from .rows import DEFAULT_BUDGET, check_ns, distances_to, flatten_rows, row_chunk, top_ranks
+from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_ranks
 
 
 def sphere_radius(x: torch.Tensor) -> torch.Tensor:
@@ -46,12 +46,10 @@ def separability_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int]
     clamped: the bound's assumption fails there), plus "radius" (..., ) and "valid" (n_t > N: a key outside
     I_N exists).
     """
-    lead, w, xs = flatten_rows(weights, x)
+    lead, w, xs, ns, nt = rows_and_grid(weights, x, ns)
     P, L, _ = w.shape
-    ns = check_ns(ns, L)
     G = len(ns)
     dev, dt = w.device, w.dtype
-    nt = torch.tensor(ns, device=dev)
     names = ["ratio", "n_s", "lower", "upper", "r", "delta", "xi_clamped"]
     out = {k: torch.full((P, L, G), math.nan, dtype=dt, device=dev) for k in names}
     radii = torch.empty(P, dtype=dt, device=dev)

@@ -47,15 +47,16 @@ STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "n
 HPARAMS_METRICS = {
     tags.VAL_LOSS: "val loss",
     tags.VAL_PPL: "val perplexity",
-    tags.val(tags.attention("entropy")): "val entropy (layer mean, nats)",
     tags.val(tags.attention("normalized_entropy")): "val H / log n (layer mean)",
     tags.val(tags.jacobian("mean")): "val attention Jacobian (mean)",
-    tags.TRAIN_LOSS: "train loss (last step)",
-    tags.GRAD_NORM: "grad norm (last logged step)",
     tags.GRAD_Q: "W_q grad norm (last logged step)",
+    tags.val(tags.attention("entropy")): "val entropy (layer mean, nats)",
     tags.GRAD_K: "W_k grad norm (last logged step)",
+    tags.GRAD_NORM: "grad norm (last logged step)",
+    tags.TRAIN_LOSS: "train loss (last step)",
 }
-"""The metrics HParams compares runs by (their columns), with the names the columns show."""
+"""The metrics HParams compares runs by (their columns), with the names the columns show; TensorBoard ticks the
+first five, so one attention and one gradient column are among them."""
 
 EXPERIMENT_FILE = "hparams.json"
 """A sweep's experiment declaration: ``<sweep>/hparams.json``, written into every run's events."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def _get(url: str, data: bytes | None = None):
 def tensorboard(tmp_path_factory):
     """A finished 2-temperature sweep and a TensorBoard server on it; yields (base URL, sweep folder)."""
     tmp_path = tmp_path_factory.mktemp("tb")
-    spec = write_spec(tmp_path, grid={"temperature": [0.1, 1.0], "top_k": [None]},
+    spec = write_spec(tmp_path, grid={"temperature": [0.1, 1.0], "top_k": [None, 2]},
                       overrides={"trainer.max_steps": 4, "trainer.val_check_interval": 4})
     done = subprocess.run([sys.executable, "-m", "study.cli", "sweep", "--config", str(spec)], env=env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
@@ -73,7 +74,7 @@ def test_scalars_and_layout(tensorboard):
     base, _ = tensorboard
     tags = _get(f"{base}/data/plugin/scalars/tags")
     runs_with_loss = [run for run, run_tags in tags.items() if "train/loss" in run_tags]
-    assert len(runs_with_loss) == 2, sorted(tags)
+    assert len(runs_with_loss) == 4, sorted(tags)
     assert any(tag.startswith("attention/entropy/layer_0") for tag in tags[runs_with_loss[0]])
     layout = _get(f"{base}/data/plugin/custom_scalars/layout")
     charts = [chart["title"] for category in layout["category"] for chart in category["chart"]]
@@ -89,6 +90,48 @@ def test_hparams_lists_swept_settings_first(tensorboard):
     domain = [v for v in experiment["hparamInfos"][0]["domainDiscrete"]]
     assert sorted(domain) == [0.1, 1.0]
     assert {"val/loss", "val/ppl"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
+    # top-k labelled as text ("all", not 0), and the final attention and gradient metrics as named columns
+    top_k = next(info for info in experiment["hparamInfos"] if info["name"] == "attention/top_k")
+    assert top_k["domainDiscrete"] == ["2", "all"]
+    columns = {m["name"]["tag"]: m.get("displayName") for m in experiment["metricInfos"]}
+    assert columns["val/attention/entropy/mean"] and columns["val/attention/jacobian/mean"] and columns["grad_norm/attn_q"]
+    # every run's session row, with its top-k label
+    sessions = _get(f"{base}/data/plugin/hparams/session_groups", data=json.dumps(
+        {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN"], "colParams": [],
+         "startIndex": 0, "sliceSize": 100}).encode())
+    labels = sorted(s["hparams"]["attention/top_k"] for g in sessions["sessionGroups"] for s in [g])
+    assert labels == ["2", "2", "all", "all"], labels
+
+
+def test_run_list_holds_the_runs_only(tensorboard):
+    """No events folder of the sweep's own (the HParams declaration, the probe) shows as an empty run."""
+    base, sweep_dir = tensorboard
+    plan = json.loads((sweep_dir / "plan.json").read_text())
+    assert sorted(_get(f"{base}/data/runs")) == sorted(run["name"] for run in plan["runs"])
+
+
+def test_run_level_scalars_lead_the_pages(tensorboard):
+    """TensorBoard groups tags by their first component, sorts the groups (capitals first) and opens the first two:
+    those are the run-level copies, with the same values as the tags they copy; the dilution curve's steps are n."""
+    from study import tags as study_tags
+
+    base, _ = tensorboard
+    tags = _get(f"{base}/data/plugin/scalars/tags")
+    run = sorted(tags)[0]
+    groups = sorted({tag.split("/", 1)[0] for tag in tags[run]})
+    assert groups[:2] == [study_tags.SUMMARY_GROUP, study_tags.SUMMARY_VAL_GROUP], groups
+    for source, copy in ((study_tags.TRAIN_LOSS, "Summary/loss"), (study_tags.VAL_PPL, "Summary_val/perplexity")):
+        assert copy == study_tags.LEADING[source]
+        query = urllib.parse.urlencode
+        values = [_get(f"{base}/data/plugin/scalars/scalars?{query({'run': run, 'tag': tag})}") for tag in (source, copy)]
+        assert [(step, value) for _, step, value in values[0]] == [(step, value) for _, step, value in values[1]]
+    over_n = study_tags.val(study_tags.over_visible("max_weight"))
+    steps = [step for _, step, _ in _get(f"{base}/data/plugin/scalars/scalars?{urllib.parse.urlencode({'run': run, 'tag': over_n})}")]
+    assert steps == sorted(steps) and steps[0] == 1 and all(b == 2 * a for a, b in zip(steps, steps[1:]))
+    layout = _get(f"{base}/data/plugin/custom_scalars/layout")
+    assert layout["category"][0]["title"] == "run summary"
+    assert any("margin" in chart for chart in layout["category"][1]["chart"])
+    assert layout["category"][-1].get("closed") is True  # per-layer charts: one line per layer and run
 
 
 def test_attention_map_images(tensorboard):

@@ -138,10 +138,13 @@ class AttentionMapMonitor(TapWindow):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The maps before any update: the first validation batch through the model, once (not on a resume).
-        if self.last_logged_step >= 0 or not trainer.is_global_zero:
+        if self.last_logged_step >= 0:
             return
-        loop = trainer.fit_loop.epoch_loop.val_loop
-        loop.setup_data()  # what the first validation would do (idempotent): the loaders it will use
+        # What the first validation would do (idempotent): the loaders it will use. On EVERY rank: it holds a
+        # barrier and an all-reduce, which one rank alone would wait on forever.
+        trainer.fit_loop.epoch_loop.val_loop.setup_data()
+        if not trainer.is_global_zero:
+            return
         loaders = trainer.val_dataloaders
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
         batch = next(iter(loader), None) if loader is not None else None

@@ -28,6 +28,8 @@ def _print_config(args: list[str]) -> dict:
 
 def test_main_job_grid_gives_the_report_what_it_needs():
     plan = build_plan(MAIN)
+    arm = [r for r in plan.runs if r.params["optimizer"] == "sgd"]
+    plan.runs = [r for r in plan.runs if r not in arm]
     temperatures = sorted({r.params["temperature"] for r in plan.runs})
     seeds = {r.params["seed"] for r in plan.runs}
     top_ks = {r.params["top_k"] for r in plan.runs}
@@ -37,6 +39,14 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     assert len(seeds) >= 3
     assert None in top_ks and 1 not in top_ks  # top-1 is identical across T by construction
     assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(top_ks) * len(seeds)
+    # the instability arm: SGD at the lowest T and T = 1, at 2 learning rates, for the learning-rate bracket
+    assert {(r.params["temperature"], r.params["learning_rate"]) for r in arm} == {
+        (t, lr) for t in (temperatures[0], 1) for lr in {r.params["learning_rate"] for r in arm}}
+    assert len({r.params["learning_rate"] for r in arm}) >= 2 and all(r.params["top_k"] is None for r in arm)
+    config = _print_config(arm[0].args)
+    assert config["model"]["optimizer"] == "sgd" and config["model"]["learning_rate"] == arm[0].params["learning_rate"]
+    baseline = next(cb for cb in config["trainer"]["callbacks"] if cb["class_path"].endswith("BaselineValidation"))
+    assert baseline["init_args"]["seed"] in {r.params["seed"] for r in plan.runs} - {arm[0].params["seed"]}
 
 
 def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
@@ -66,7 +76,7 @@ def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
 
 def test_quick_is_the_small_gpt2_pipeline():
     quick = build_plan(MAIN, quick=True)
-    assert quick.pretrain is not None and len(quick.runs) == 18 and quick.sweep_dir.name == "default-quick"  # 3 T x 2 k x 3 seeds
+    assert quick.pretrain is not None and len(quick.runs) == 18 + 4 and quick.sweep_dir.name == "default-quick"  # 3 T x 2 k x 3 seeds, SGD arm
     pretrain = _print_config(quick.pretrain.args)
     assert pretrain["model"]["model_name_or_path"] is None and pretrain["model"]["n_layer"] == 2
     assert pretrain["model"]["trainable"] == "all"  # a model from scratch trains everything
@@ -135,5 +145,7 @@ def test_callback_override_names_a_base_callback_and_its_argument(tmp_path):
 
 def test_fuller_smollm2_sweep_parses():
     plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-full.yaml")
-    assert len(plan.runs) == 50 and len({r.params["seed"] for r in plan.runs}) == 5
+    grid = [r for r in plan.runs if r.params["optimizer"] == "adamw" and r.params["learning_rate"] == 3e-4]
+    assert len(grid) == 50 and len({r.params["seed"] for r in grid}) == 5
+    assert {r.params["optimizer"] for r in plan.runs} == {"adamw", "sgd"} and len(plan.runs) == 50 + 5 * 9 * 3
     assert all("--trainer.max_steps=60" in r.args for r in plan.runs)

@@ -165,14 +165,17 @@ def test_sgd_steps_by_lr_times_the_gradient_and_adamw_by_about_its_sign(tmp_path
         torch.manual_seed(0)
         module = CausalLMModule(**TINY, optimizer=name, learning_rate=0.1, warmup_steps=1, weight_decay=0.0)
         before = {n: p.detach().clone() for n, p in module.named_parameters()}
-        grads = {}
+        grads: dict[str, torch.Tensor] = {}
 
         class Keep(L.Callback):
+            def __init__(self, into):
+                self.into = into
+
             def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-                grads.update({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None})
+                self.into.update({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None})
 
         L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, callbacks=[Keep()]).fit(module, batches())  # fmt: skip
+                  enable_model_summary=False, callbacks=[Keep(grads)]).fit(module, batches())  # fmt: skip
         moves[name] = {n: p.detach() - before[n] for n, p in module.named_parameters()}
         if name == "sgd":
             for n, g in grads.items():

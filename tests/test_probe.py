@@ -149,6 +149,51 @@ def test_single_layer_gradient_is_that_layers_own_with_t_lowered_there_only(tmp_
     assert all(p.dtype == torch.float64 for p in model.parameters())
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_batched_windows_give_each_windows_own_gradients(tmp_path, text_file, arch):
+    """Brute force: one backward per window (batch size 1) with every weight's gradient formed; the probe's batched
+    per-window norms (ghost norms, the residual stream, the token embedding tied with the LM head) are the same."""
+    from study.attention import AttentionSpec, apply_attention_spec, tapping
+    from study.metrics import block_index, fused_qkv_split, parameter_kind
+    from study.probe import measure
+    from study.probe.jacobian import ExplicitPath
+
+    folder = save_tiny(tmp_path, text_file, arch)
+    model, tok = probe.load_model(str(folder))
+    windows = windows_of(tok, text_file, count=3)
+    result = measure.all_layers(model, windows, 0.2, rows=4, seed=0)
+    apply_attention_spec(model, AttentionSpec(temperature=0.2))
+    embed = model.get_input_embeddings()
+    for w, window in enumerate(windows):
+        model.zero_grad(set_to_none=True)
+        inputs = {}
+
+        def keep(module, args, kwargs, inputs=inputs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            hidden.retain_grad()
+            inputs["hidden"] = hidden
+
+        block = model.get_submodule("model.layers.0" if arch == "llama" else "transformer.h.0")
+        handle = block.register_forward_pre_hook(keep, with_kwargs=True)
+        with tapping(ExplicitPath()):
+            loss = model(input_ids=window[None], labels=window[None]).loss
+        loss.backward()
+        handle.remove()
+        squares = {}
+        for name, p in model.named_parameters():
+            kind, layer = parameter_kind(name), block_index(name)
+            parts = dict(zip(("attn_q", "attn_k", "attn_v"), fused_qkv_split(name, p.grad))) if kind == "attn_qkv" else {kind: p.grad}
+            for part, grad in parts.items():
+                key = {"attn_q": "attn_qk", "attn_k": "attn_qk"}.get(part, part)
+                squares[(key, layer)] = squares.get((key, layer), 0.0) + float(grad.double().square().sum())
+        assert result["windows"][w]["loss"] == pytest.approx(float(loss), rel=1e-5)
+        for key in ("attn_qk", "attn_v", "attn_out", "mlp"):
+            for layer in range(2):
+                assert result["layers"][key][layer][w] == pytest.approx(math.sqrt(squares[(key, layer)]), rel=1e-4), (key, layer)
+        assert result["layers"]["residual"][0][w] == pytest.approx(float(inputs["hidden"].grad.norm()), rel=1e-4)
+        assert result["windows"][w]["grad_embedding"] == pytest.approx(float(embed.weight.grad.norm()), rel=1e-4)
+
+
 def test_hessian_power_iteration_matches_the_exact_restricted_hessian_at_low_t(tmp_path, text_file):
     from torch.func import functional_call, hessian
 

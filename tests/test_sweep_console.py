@@ -20,8 +20,8 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         {"temperature": [0.1, 1.0]},
         {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
         pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}},
-        probe={"temperatures": [0.1, 1.0], "batches": 1, "batch_size": 2, "seq_len": 16, "jacobian_rows": 8,
-               "hessian_iterations": 2},
+        probe={"temperatures": [0.1, 1.0], "windows": 2, "seq_len": 16, "jacobian_rows": 8, "hessian_iterations": 2,
+               "single_layers": [0]},
         report=True,
     )
     done = subprocess.run([sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"],

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp64-temperatures", type=float, nargs="+", default=None,
                    help=f"the T (of the grid) of the fp64 reference (default: the grid's T <= {FP64_BELOW:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the windows, the row sampler and the power iteration")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for this probe (default: as set; a sweep sets 1 per run, the probe runs alone)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-tensorboard", action="store_true",
                    help="no TensorBoard events (a sweep's probe: its folder would show as a run beside the sweep's runs)")
@@ -80,7 +82,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise ProbeError(f"--temperatures must all be > 0, got {bad_t}")
     for flag, value, low in (("--windows", args.windows, 1), ("--seq-len", args.seq_len, 2),
                              ("--jacobian-rows", args.jacobian_rows, 1), ("--hessian-iterations", args.hessian_iterations, 0),
-                             ("--fp64-windows", args.fp64_windows, 0)):  # fmt: skip
+                             ("--fp64-windows", args.fp64_windows, 0), ("--threads", 1 if args.threads is None else args.threads, 1)):  # fmt: skip
         if value < low:
             raise ProbeError(f"{flag} must be >= {low}, got {value}")
     if args.batch_size != 1:
@@ -198,12 +200,17 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     silence_library_notices()
+    threads = torch.get_num_threads()
     try:
         docs = check_args(args)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         report = run_probe(args, docs, argv=list(argv) if argv is not None else sys.argv[1:], show_progress=not args.quiet)
     except ProbeError as err:
         print(f"study probe: {err}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)  # --threads is for this probe only (a sweep calls main in its own process)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps(report, indent=1))

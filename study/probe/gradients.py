@@ -52,68 +52,12 @@ def masked_norm(masks: list[tuple[nn.Parameter, Tensor]]) -> float:
     return math.sqrt(sq)
 
 
-def gradient_norms(model: nn.Module) -> dict[str, float]:
-    """`grouped_grad_norms` by kind and by block and kind, in one pass over the gradients."""
-    from study.metrics import grouped_grad_norms
-
-    return {k: float(v) for k, v in grouped_grad_norms(model.named_parameters(), by=("kind", "block_kind")).items()}
-
-
-def model_norms(norms: dict[str, float]) -> dict[str, float]:
-    """Whole-model norms from `gradient_norms`: W_q, W_k, both, the rest, the total, the embeddings."""
-    q, k, total = norms.get("attn_q", 0.0), norms.get("attn_k", 0.0), norms["total"]
-    qk = math.hypot(q, k)
-    return {"attn_q": q, "attn_k": k, "attn_qk": qk, "rest": math.sqrt(max(total**2 - qk**2, 0.0)), "total": total,
-            "embedding": norms.get("embedding", 0.0)}  # fmt: skip
-
-
-def layer_norms(norms: dict[str, float], layers: int) -> dict[str, list[float]]:
-    """Per layer (0 .. layers - 1) from `gradient_norms`: W_q and W_k together, W_v, W_o and the MLP."""
-
-    def get(layer: int, kind: str) -> float:
-        return norms.get(f"block_{layer}/{kind}", 0.0)
-
-    return {
-        "attn_qk": [math.hypot(get(i, "attn_q"), get(i, "attn_k")) for i in range(layers)],
-        "attn_v": [get(i, "attn_v") for i in range(layers)],
-        "attn_out": [get(i, "attn_out") for i in range(layers)],
-        "mlp": [get(i, "mlp") for i in range(layers)],
-    }
-
-
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks: the modules holding each self-attention layer, in layer order."""
     from study.attention.hf import attention_modules
 
     parents = {id(child): module for module in model.modules() for child in module.children()}
     return [parents[id(attn)] for attn in attention_modules(model)]
-
-
-@contextmanager
-def residual_gradients(model: nn.Module) -> Iterator[list[float]]:
-    """While open, each forward records the gradient norm of the hidden state entering each block (the residual
-    stream) as the backward pass reaches it; the yielded list holds one value per block after backward."""
-    found: list[float] = []
-    handles = []
-    layers = blocks(model)
-    found.extend([math.nan] * len(layers))
-
-    def hook(index: int):
-        def pre(module, args, kwargs):
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if isinstance(hidden, Tensor) and hidden.requires_grad:
-                hidden.register_hook(lambda g: found.__setitem__(
-                    index, float(torch.linalg.vector_norm(g, dtype=torch.float64))))  # fmt: skip
-
-        return pre
-
-    for index, block in enumerate(layers):
-        handles.append(block.register_forward_pre_hook(hook(index), with_kwargs=True))
-    try:
-        yield found
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager

@@ -6,20 +6,17 @@ T: the comparison across T is paired, window by window.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
-from study.probe.gradients import (
-    gradient_norms,
-    layer_norms,
-    masked_norm,
-    model_norms,
-    only_grad_for,
-    qk_masks,
-    residual_gradients,
-)
+from study.probe.gradients import LAYER_KINDS, masked_norm, only_grad_for, qk_masks
 from study.probe.hessian import hessian_qk
 from study.probe.jacobian import ExplicitPath, RowSampler, jacobian_stats
+from study.probe.windows import window_gradients, window_losses
+
+WINDOWS_PER_PASS = 10  # windows per batched forward and backward (memory: logits and their gradient, B x L x vocab)
 
 
 def num_layers(model: nn.Module) -> int:
@@ -34,26 +31,35 @@ def _mean(values: list[float]) -> float:
 
 def all_layers(model: nn.Module, windows: Tensor, temperature: float, rows: int, seed: int) -> dict:
     """T in every layer: per window the loss, whole-model norms, per-layer norms of every kind and the residual
-    stream; the Jacobian statistics of rows sampled in every layer."""
+    stream; the Jacobian statistics of rows sampled in every layer. Windows run `WINDOWS_PER_PASS` at a time,
+    each its own replicate (`study.probe.windows`)."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
 
     generator = torch.Generator().manual_seed(seed)
     apply_attention_spec(model, AttentionSpec(temperature=temperature))
     layers = num_layers(model)
-    per_window, per_layer = [], {kind: [[] for _ in range(layers)] for kind in ("attn_qk", "attn_v", "attn_out", "mlp", "residual")}
     sampler = RowSampler(rows, generator)
-    for window in windows:
-        batch = window[None]
-        model.zero_grad(set_to_none=True)
-        with tapping(sampler), residual_gradients(model) as residual:  # the tap also forces the explicit path
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-        norms = gradient_norms(model)
-        per_window.append({"loss": float(loss.detach()), **{f"grad_{k}": v for k, v in model_norms(norms).items()}})
-        for kind, values in {**layer_norms(norms, layers), "residual": list(residual)}.items():
-            for layer, value in enumerate(values):
-                per_layer[kind][layer].append(value)
-    model.zero_grad(set_to_none=True)
+    losses: list[float] = []
+    embedding: list[float] = []
+    per_layer: dict[str, list[list[float]]] = {kind: [[] for _ in range(layers)] for kind in LAYER_KINDS}
+    for chunk in windows.split(WINDOWS_PER_PASS):
+        sampler.rows = rows * len(chunk)  # rows per layer and window
+        with tapping(sampler), window_gradients(model, chunk, layers) as found:  # the tap forces the explicit path
+            loss, per_window = window_losses(model, chunk)
+            found.backward(loss)
+        losses += per_window.tolist()
+        embedding += found.embedding.sqrt().tolist()
+        for layer in range(layers):
+            for kind in found.squares:
+                per_layer[kind][layer] += found.norms(kind, layer)
+            per_layer["residual"][layer] += found.residual[layer].sqrt().tolist()
+    per_window = []
+    for w, loss in enumerate(losses):
+        qk = math.sqrt(sum(per_layer["attn_qk"][layer][w] ** 2 for layer in range(layers)))
+        rest = math.sqrt(embedding[w] ** 2 + sum(per_layer[kind][layer][w] ** 2 for kind in ("attn_v", "attn_out", "mlp")
+                                                 for layer in range(layers)))  # fmt: skip
+        per_window.append({"loss": loss, "grad_attn_qk": qk, "grad_rest": rest, "grad_total": math.hypot(qk, rest),
+                           "grad_embedding": embedding[w]})  # fmt: skip
     mean = {k: _mean([w[k] for w in per_window]) for k in per_window[0]}
     return {"temperature": temperature, **mean, "jacobian": jacobian_stats(sampler.rows_tensor(), temperature),
             "windows": per_window, "layers": per_layer}  # fmt: skip
@@ -61,25 +67,25 @@ def all_layers(model: nn.Module, windows: Tensor, temperature: float, rows: int,
 
 def single_layer(model: nn.Module, windows: Tensor, temperature: float, layer: int, rows: int, seed: int) -> dict:
     """T in ``layer`` only (stock attention elsewhere): per window the loss and that layer's own W_q/W_k gradient
-    norm; the Jacobian statistics of rows sampled in that layer."""
+    norm; the Jacobian statistics of rows sampled in that layer. The backward pass stops at that layer."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
 
     generator = torch.Generator().manual_seed(seed)
     apply_attention_spec(model, AttentionSpec(temperature=temperature, layers=(layer,)))
-    masks = qk_masks(model, (layer,))
+    layers = num_layers(model)
     sampler = RowSampler(rows, generator, layers=(layer,))
-    per_window = []
-    with only_grad_for(masks, model):
-        for window in windows:
-            batch = window[None]
-            model.zero_grad(set_to_none=True)
-            with tapping(sampler):
-                loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            per_window.append({"loss": float(loss.detach()), "grad_attn_qk": masked_norm(masks)})
-    model.zero_grad(set_to_none=True)
-    return {"temperature": temperature, "loss": _mean([w["loss"] for w in per_window]),
-            "grad_attn_qk": _mean([w["grad_attn_qk"] for w in per_window]),
+    losses: list[float] = []
+    norms: list[float] = []
+    with only_grad_for(qk_masks(model, (layer,)), model):
+        for chunk in windows.split(WINDOWS_PER_PASS):
+            sampler.rows = rows * len(chunk)  # rows per layer and window
+            with tapping(sampler), window_gradients(model, chunk, layers, residual=False, embedding=False) as found:
+                loss, per_window = window_losses(model, chunk)
+                found.backward(loss)
+            losses += per_window.tolist()
+            norms += found.norms("attn_qk", layer)
+    per_window = [{"loss": loss, "grad_attn_qk": norm} for loss, norm in zip(losses, norms)]
+    return {"temperature": temperature, "loss": _mean(losses), "grad_attn_qk": _mean(norms),
             "jacobian": jacobian_stats(sampler.rows_tensor(), temperature), "windows": per_window}  # fmt: skip
 
 

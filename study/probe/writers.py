@@ -7,7 +7,7 @@ from pathlib import Path
 
 from study import tags
 
-SCALAR_KEYS = ("attn_q", "attn_k", "attn_qk", "rest", "total", "embedding")
+SCALAR_KEYS = ("attn_qk", "rest", "total", "embedding")
 JACOBIAN_KEYS = ("mean", "p10", "p50", "p90", "max", "frac_above_quarter_T", "frac_above_sqrt2", "entry_max_times_4T",
                  "entry_frac_above_0.5", "entry_frac_above_0.9")  # fmt: skip
 

@@ -60,6 +60,7 @@ PROBE_OPTIONS = {
     "hessian_temperatures": "--hessian-temperatures",
     "fp64_windows": "--fp64-windows",
     "fp64_temperatures": "--fp64-temperatures",
+    "threads": "--threads",
     "seed": "--seed",
 }
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}

@@ -319,3 +319,24 @@ def test_without_gradients_the_blocks_run_straight_and_equal_the_dense_path():
     with torch.no_grad():
         blocks = _blockwise(lambda: attend(q, k, v, spec))
     torch.testing.assert_close(blocks, dense, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec_name", ["sparsemax_top4", "self_adjust", "ssmax"])
+def test_monitor_sums_over_blocks_equal_the_dense_sums(spec_name):
+    """The entropy and selection monitors, fed block by block, sum to what they sum on the whole map."""
+    from study.callbacks import AttentionEntropyMonitor, SelectionUniformityMonitor
+
+    spec = SPECS[spec_name]
+    q, k, v = _inputs(3, LK, LK)
+    sums = []
+    for run in (lambda f: f(), _blockwise):
+        monitors = [AttentionEntropyMonitor(), SelectionUniformityMonitor(topk=(1, 4, 16))]
+        for monitor in monitors:
+            monitor._phase = "train"  # as on a logging step
+        with tapping(*monitors):
+            run(lambda: attend(q, k, v, spec, mask=_padding_mask(), layer=2)).sum().backward()
+        sums.append([monitor._sums["train"][2] for monitor in monitors])
+    for dense, blocks in zip(*sums):
+        assert dense.keys() == blocks.keys()
+        for key in dense:
+            torch.testing.assert_close(blocks[key], dense[key], atol=1e-6, rtol=1e-6, msg=key)

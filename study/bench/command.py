@@ -39,7 +39,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a "
                         "line per timing round and per variant's memory pass, with the time left)")
     parser.add_argument("--analysis-length", default=None, help="comma-separated L for the oracle comparison (default 512; quick 256)")
+    parser.add_argument("--lengths", default=None,
+                        help="instead of the training suite: the length sweep, comma-separated L (e.g. "
+                             "512,1024,2048,4096,8192): peak memory and time of stock SDPA, the dense and the "
+                             "blockwise explicit path on SmolLM2's attention shape and one SmolLM2 layer "
+                             "(writes lengths.json and lengths.md)")
+    parser.add_argument("--dense-max-length", type=int, default=4096,
+                        help="length sweep: skip the dense explicit path above this L (default 4096)")
     return parser.parse_args(argv)
+
+
+def run_lengths(args: argparse.Namespace) -> int:
+    """`study bench --lengths ...`: the length sweep alone, written as lengths.json and lengths.md."""
+    import json
+    from pathlib import Path
+
+    from study.bench.lengths import LengthSettings, lengths_markdown, run_length_sweep, total_units
+    from study.bench.suite import machine
+    from study.progress import Progress
+
+    try:
+        lengths = tuple(int(n) for n in args.lengths.split(","))
+        settings = LengthSettings(lengths=lengths, dense_max_length=args.dense_max_length, device=args.device)
+    except ValueError as error:
+        raise SystemExit(f"--lengths {args.lengths!r}: {error}") from None
+    with Progress("bench lengths", total=total_units(settings), unit="measurement", enabled=not args.quiet) as bar:
+        result = run_length_sweep(settings, tick=bar.advance)
+    result["machine"] = machine()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = lengths_markdown(result)
+    (out / "lengths.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "lengths.md").write_text(markdown + "\n")
+    print(markdown)
+    print(f"[bench] wrote {out / 'lengths.json'} and {out / 'lengths.md'}")
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -77,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     silence_library_notices()
+    if args.lengths:
+        return run_lengths(args)
     settings = settings_from_args(args)
     result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out), show_progress=not args.quiet)
     json_path, md_path = write(result, args.out)

@@ -1,0 +1,223 @@
+"""`study bench --lengths`: peak memory and time of each attention path against the context length L.
+
+SmolLM2-135M's attention shape (9 query / 3 key-value heads, head size 64, causal, batch 1, fp32), forward and
+backward of:
+
+- one attention call (`study.attention.attend` on random q, k, v), and
+- one full SmolLM2 decoder layer (a randomly initialised one-layer Llama with SmolLM2's widths: RMSNorm,
+  rotary q/k, attention, SwiGLU MLP), fed random embeddings,
+
+for three paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
+(one (B, H, L, L) fp32 score tensor, `BlockwiseSettings.min_scores` set out of reach) and the blockwise explicit
+path (forced on at any L), under top-k and sparsemax. The dense path is skipped above ``dense_max_length``: at
+L = 8192 it would need about 16-21 GB for one call.
+
+Memory: on a CPU, the peak of the running sum of `torch.profiler`'s allocation events during the forward and
+backward pass (tensor bytes live at once above what lived before: the inputs and parameters are not counted); on
+a GPU, ``torch.cuda.max_memory_allocated`` minus what was allocated before. Time: CPU time of the process
+(`time.process_time`, robust to other jobs on the machine) on a CPU, wall time after synchronising on a GPU;
+short calls are repeated and the median taken.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from study.attention import AttentionSpec, attend, blockwise_settings
+from study.attention.blockwise import block_rows
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
+HIDDEN, INTERMEDIATE = 576, 1536
+PATHS = ("stock sdpa", "dense explicit", "blockwise")
+NEVER = 2**62
+
+
+@dataclass
+class LengthSettings:
+    lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+    specs: dict[str, dict] = field(default_factory=lambda: {"top-k k=8": {"top_k": 8}, "sparsemax": {"normalizer": "sparsemax"}})
+    layer_specs: tuple[str, ...] = ("top-k k=8",)  # the full-layer rows (the call rows take every spec)
+    dense_max_length: int = 4096
+    units: tuple[str, ...] = ("call", "layer")
+    device: str = "cpu"
+    repeat_below: int = 2048  # lengths below this are timed 3 times after a warm-up (median)
+
+    def __post_init__(self) -> None:
+        bad = [n for n in self.lengths if isinstance(n, bool) or not isinstance(n, int) or n < 2]
+        if bad or not self.lengths:
+            raise ValueError(f"lengths must be integers >= 2, got {list(self.lengths)!r}")
+        unknown = [name for name in self.layer_specs if name not in self.specs]
+        if unknown:
+            raise ValueError(f"layer_specs {unknown} are not among specs {sorted(self.specs)}")
+        if not self.units or set(self.units) - {"call", "layer"}:
+            raise ValueError(f"units must be 'call' and/or 'layer', got {list(self.units)!r}")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_bytes(step: Callable[[], None], device: str) -> int:
+    """Most tensor bytes live at once during ``step`` beyond those live before it."""
+    _sync(device)
+    if device.startswith("cuda"):
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        _sync(device)
+        return torch.cuda.max_memory_allocated() - before
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with profiler:
+        step()
+    events = [e for e in profiler.profiler.kineto_results.events()
+              if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def seconds(step: Callable[[], None], device: str, repeats: int) -> float:
+    """Median time of ``step``: CPU time of the process on a CPU, wall time on a GPU."""
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = clock()
+        step()
+        _sync(device)
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def _path_settings(path: str):
+    return blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0)
+
+
+def call_step(length: int, path: str, spec: AttentionSpec, device: str) -> Callable[[], None]:
+    """Forward and backward of one attention call at SmolLM2's head shape."""
+    g = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(1, h, length, HEAD_DIM, generator=g).to(device).requires_grad_(True)
+               for h in (HEADS, KV_HEADS, KV_HEADS))
+    spec = AttentionSpec() if path == "stock sdpa" else spec
+
+    def step() -> None:
+        with _path_settings(path):
+            out = attend(q, k, v, spec)
+        out.sum().backward()
+        for t in (q, k, v):
+            t.grad = None
+
+    return step
+
+
+def layer_step(length: int, path: str, spec: AttentionSpec, device: str) -> Callable[[], None]:
+    """Forward and backward of one SmolLM2 decoder layer (random weights) on random embeddings."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from study.attention import apply_attention_spec
+
+    config = LlamaConfig(vocab_size=16, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=1,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=length)
+    torch.manual_seed(0)
+    model = LlamaModel(config).to(device).train()
+    if path == "stock sdpa":
+        model.set_attn_implementation("sdpa")
+    else:
+        apply_attention_spec(model, spec)
+    embeds = torch.randn(1, length, HIDDEN, generator=torch.Generator().manual_seed(length)).to(device)
+    embeds.requires_grad_(True)
+
+    def step() -> None:
+        with _path_settings(path):
+            out = model(inputs_embeds=embeds).last_hidden_state
+        out.sum().backward()
+        model.zero_grad(set_to_none=True)
+        embeds.grad = None
+
+    return step
+
+
+def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lambda _: None) -> dict:
+    """Every (unit, spec, path, L) row: peak extra bytes and seconds of forward + backward (or why skipped)."""
+    rows = []
+    plan = []
+    for unit, build, specs in (("call", call_step, list(settings.specs)), ("layer", layer_step, list(settings.layer_specs))):
+        if unit not in settings.units:
+            continue
+        for length in settings.lengths:
+            plan.append((unit, build, "stock", "stock sdpa", length))
+            for name in specs:
+                plan += [(unit, build, name, path, length) for path in PATHS[1:]]
+    for unit, build, name, path, length in plan:
+        row = {"unit": unit, "spec": name, "path": path, "L": length}
+        if path == "blockwise":  # at short L one block holds every row: the blockwise path is the dense one
+            with _path_settings(path):
+                rows_per_block = block_rows(HEADS, length, length)
+            row["blocks"] = 1 if rows_per_block is None else -(-length // rows_per_block)
+        if path == "dense explicit" and length > settings.dense_max_length:
+            row["skipped"] = f"dense path above L = {settings.dense_max_length}"
+        else:
+            spec = AttentionSpec(**settings.specs.get(name, {}))
+            step = build(length, path, spec, settings.device)
+            repeats = 3 if length < settings.repeat_below else 1
+            if repeats > 1:
+                step()  # warm-up: first-call costs (allocator, lazy initialisation) left out
+            row["seconds"] = seconds(step, settings.device, repeats)
+            row["peak_bytes"] = peak_bytes(step, settings.device)
+            del step
+        rows.append(row)
+        tick(f"{unit} {name} {path} L={length}")
+    return {"settings": asdict(settings), "rows": rows}
+
+
+def total_units(settings: LengthSettings) -> int:
+    per_length = 0
+    if "call" in settings.units:
+        per_length += 1 + len(PATHS[1:]) * len(settings.specs)
+    if "layer" in settings.units:
+        per_length += 1 + len(PATHS[1:]) * len(settings.layer_specs)
+    return per_length * len(settings.lengths)
+
+
+def lengths_markdown(result: dict) -> str:
+    """One table per unit: each spec and path's peak memory (MB) and time (s) against L."""
+    rows = result["rows"]
+    lengths = sorted({r["L"] for r in rows})
+    gpu = str(result["settings"]["device"]).startswith("cuda")
+    clock = "wall s" if gpu else "CPU s"
+    lines = []
+    for unit, title in (("call", "one attention call"), ("layer", "one SmolLM2 decoder layer")):
+        chosen = [r for r in rows if r["unit"] == unit]
+        if not chosen:
+            continue
+        lines += ["", f"{title} (SmolLM2 head shape: 9 query / 3 key-value heads, D = 64, causal, batch 1, fp32, "
+                  f"forward + backward): extra peak MB / {clock}", "",
+                  "| spec | path | " + " | ".join(f"L = {n}" for n in lengths) + " |",
+                  "|---|---|" + "---:|" * len(lengths)]
+        keys = list(dict.fromkeys((r["spec"], r["path"]) for r in chosen))
+        for spec, path in keys:
+            cells = []
+            for n in lengths:
+                r = next((r for r in chosen if r["spec"] == spec and r["path"] == path and r["L"] == n), None)
+                if r is None or "skipped" in r:
+                    cells.append("-")
+                else:
+                    cells.append(f"{r['peak_bytes'] / 2**20:.0f} / {r['seconds']:.2f}")
+            lines.append(f"| {spec} | {path} | " + " | ".join(cells) + " |")
+        blocks = {r["L"]: r["blocks"] for r in chosen if "blocks" in r}
+        if blocks:  # one block is the dense path itself
+            lines += ["", "Blocks of query rows per blockwise call: "
+                      + ", ".join(f"L = {n}: {blocks[n]}" for n in sorted(blocks)) + "."]
+    return "\n".join(lines).lstrip("\n")
+
+
+__all__ = ["PATHS", "LengthSettings", "call_step", "layer_step", "lengths_markdown", "peak_bytes",
+           "run_length_sweep", "seconds", "total_units"]

@@ -1,0 +1,49 @@
+"""`study bench --lengths`: the length sweep's rows, its memory measurement and its command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from study.attention import blockwise_settings
+from study.bench import main
+from study.bench.lengths import HEADS, LengthSettings, lengths_markdown, run_length_sweep, total_units
+
+
+def test_blockwise_peak_is_a_fraction_of_the_dense_peak_and_long_dense_rows_are_skipped():
+    settings = LengthSettings(lengths=(384, 512), dense_max_length=384, units=("call",))
+    ticks = []
+    with blockwise_settings(block_scores=HEADS * 384 * 48):  # 48 rows a block at L = 384, 36 at L = 512
+        result = run_length_sweep(settings, tick=ticks.append)
+    rows = {(r["spec"], r["path"], r["L"]): r for r in result["rows"]}
+    assert len(ticks) == len(result["rows"]) == total_units(settings) == 10
+    assert rows[("top-k k=8", "dense explicit", 512)]["skipped"] == "dense path above L = 384"
+    assert rows[("sparsemax", "blockwise", 384)]["blocks"] == 8
+    assert rows[("sparsemax", "blockwise", 512)]["blocks"] == 15
+    for spec in ("top-k k=8", "sparsemax"):
+        dense, blocks = rows[(spec, "dense explicit", 384)], rows[(spec, "blockwise", 384)]
+        # Dense holds several (9, 384, 384) fp32 score-sized tensors (5.3 MB each) at once; a block an eighth.
+        assert dense["peak_bytes"] > 3 * 9 * 384 * 384 * 4
+        assert blocks["peak_bytes"] < 0.5 * dense["peak_bytes"]
+        assert blocks["seconds"] > 0 and dense["seconds"] > 0
+    assert rows[("stock", "stock sdpa", 512)]["peak_bytes"] < rows[("sparsemax", "blockwise", 512)]["peak_bytes"]
+    markdown = lengths_markdown(result)
+    assert "| top-k k=8 | dense explicit | " in markdown and markdown.count(" - |") == 2  # the two skipped cells
+    assert "Blocks of query rows per blockwise call: L = 384: 8, L = 512: 15." in markdown
+
+
+def test_the_command_writes_both_files_with_a_layer_row(tmp_path, capsys):
+    assert main(["--lengths", "64", "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    result = json.loads((tmp_path / "lengths.json").read_text())
+    units = {(r["unit"], r["path"]) for r in result["rows"]}
+    assert ("layer", "blockwise") in units and ("call", "stock sdpa") in units
+    assert all(r["peak_bytes"] > 0 for r in result["rows"])
+    assert "one SmolLM2 decoder layer" in (tmp_path / "lengths.md").read_text()
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lengths", ["1", "64,x", "0,64"])
+def test_bad_lengths_are_refused_naming_them(lengths, tmp_path):
+    with pytest.raises(SystemExit, match=lengths.split(",")[-1]):
+        main(["--lengths", lengths, "--out", str(tmp_path), "--quiet"])

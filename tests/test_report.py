@@ -156,8 +156,8 @@ def test_unfinished_and_failed_runs_never_count_as_replicates(tmp_path):
     def section(text, start, end):
         return text.split(start)[1].split(end)[0]
 
-    assert "grow like 1/T in training | slope 0 (no dependence on T) | log-log slope of the median |grad W_q, W_k| vs T (k = all) | -1" in clean.replace("\\|", "|")
-    for start, end in (("| claim (paper.md) |", "## Sanity"), ("## Sanity", "## Runs")):
+    assert "grow like 1/T in training | slope 0 (no dependence on T) | log-log slope of the median |grad W_q, W_k| over all layers vs T (k = all) | -1" in clean.replace("\\|", "|")
+    for start, end in (("| claim (docs/paper.md) |", "## Sanity"), ("## Sanity", "## Runs")):
         assert section(mixed, start, end) == section(clean, start, end), start
     assert mixed.split("\n")[2].startswith("12 runs: 1 failed, 9 finished, 1 missing, 1 running.")
     assert ("Not counted: 3 run(s) that did not finish (`T0.1_kall_softmax_s3` running, `T0.1_kall_softmax_s4` "
@@ -175,7 +175,7 @@ def test_figures_show_their_data(tmp_path, monkeypatch):
 
     from study.report import figures as F
     from study.report import summary as S
-    from study.report import tags as report_tags
+    from study.report import sources as report_tags
     from study.report.summary import Summary
 
     drawn = {}

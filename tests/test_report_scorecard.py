@@ -61,9 +61,11 @@ def fake_sweep(tmp_path):
             runs.append({"name": name, "params": params})
     (sweep / "plan.json").write_text(json.dumps({"sweep": "fake", "runs": runs}))
     (sweep / "probe").mkdir()
-    results = [{"temperature": t, "saturated_fraction": 0.1, "batches": [{"grad_attn_qk": (1 + 0.05 * b) / t} for b in range(4)]}
-               for t in TEMPS]  # fmt: skip
-    (sweep / "probe" / "probe.json").write_text(json.dumps({"model": "tiny-model", "results": results}))
+    results = [{"temperature": t, "jacobian": {"saturated_fraction": 0.1},
+                "windows": [{"grad_attn_qk": (1 + 0.05 * b) / t} for b in range(4)]} for t in TEMPS]  # fmt: skip
+    probe = {"model": "tiny-model", "windows": 4, "seq_len": 16, "text": "fake", "results": results,
+             "single_layer": [{"layer": 0, "results": results}]}
+    (sweep / "probe" / "probe.json").write_text(json.dumps(probe))
     return sweep
 
 
@@ -76,13 +78,13 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[:2] == ["## Scorecard", "## Findings"]
     family = data["family"]
-    assert family["size"] == len(data["findings"]) == len(data["scorecard"]) and family["size"] >= 8
+    assert family["size"] == len(data["findings"]) == len(data["scorecard"]) and family["size"] >= 6
     assert family["level"] == pytest.approx(1 - 0.05 / family["size"])
     scorecard = text.split("## Scorecard")[1].split("## Findings")[0]
     assert scorecard_markdown(data["scorecard"], family) in scorecard  # the same rows, rendered by the same code
     assert data["model"] == "tiny-model" and data["runs"] == {"finished": 9}
-    grads = next(f for f in data["findings"] if f["claim"].startswith("5. attention-logit gradients"))
-    assert grads["experiment"] == "training" and grads["paper_value"] == "1/T (slope -1)"
+    grads = next(f for f in data["findings"] if f["claim"].startswith("5. (whole network"))
+    assert grads["experiment"] == "training" and grads["paper_value"] == "1/T"
     assert grads["interval"]["level"] == pytest.approx(family["level"]) and grads["verdict"] == SUPPORTED
     assert grads["interval"]["lo"] < -1 < grads["interval"]["hi"]
     # the findings table's header names the family's level, not 95%

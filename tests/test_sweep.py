@@ -257,7 +257,7 @@ def test_a_bad_override_is_refused_before_any_run(tmp_path, capsys):
     spec = write_spec(tmp_path, {"seed": [0, 1]}, {"trainer.max_stepz": 3})
     assert main(["--config", str(spec), "--no-estimate"]) == 2
     err = capsys.readouterr().err
-    assert "refuses its arguments: unrecognized arguments: --trainer.max_stepz=3; nothing was run" in err
+    assert "refuses its arguments: unrecognized arguments: --trainer.max_stepz=3; did you mean --trainer.max_steps?; nothing was run" in err
     assert not list((tmp_path / "logs" / "tiny").glob("*/status.json"))
 
 

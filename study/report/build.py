@@ -13,6 +13,7 @@ from study.report import markdown as md
 from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import findings, sanity_checks
+from study.report.frozen import frozen_findings, load_analysis
 from study.report.read import load_sweep, read_json
 from study.report.summary import Summary, dedupe, summarize
 
@@ -50,7 +51,7 @@ def other_axes(summaries: list[Summary]) -> list[str]:
 
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
-    missing: list[str],
+    missing: list[str], analysis: dict | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access)."""
     states: dict[str, int] = {}
@@ -74,7 +75,7 @@ def report_text(
              "temperature and top-k as replicates across those values; sweep them apart to judge each value.", ""]
             if others else []
         ),
-        md.findings_table(findings(summaries, probe)),
+        md.findings_table(findings(summaries, probe) + frozen_findings(analysis)),
         "",
         md.definitions(),
         "",
@@ -119,7 +120,8 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     logged = {t for r in runs for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
     text = report_text(
-        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing
+        plan.get("sweep", sweep_dir.name), str(sweep_dir), primary, all_runs, made, load_probe(sweep_dir), missing,
+        load_analysis(sweep_dir),
     )
     path = out / "report.md"
     path.write_text(text)

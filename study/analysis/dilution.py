@@ -153,5 +153,30 @@ def _scalars(results: dict):
             yield tags.analysis("max_weight", "L", length), mean_of([h[li] for h in heads]), layer
 
 
+def _claims(results: dict) -> list[dict]:
+    """Lemma 1 is a bound, not a rate: its row says what the data show and how far the constant lies above them."""
+    block = results["lemma1_fixed_query_by_window"]
+    n = block["lengths"]
+
+    def median(key: str, index: int) -> float | None:
+        values = [row[index] for row in block[key] if row[index] is not None]
+        return float(np.median(values)) if values else None
+
+    first, last = median("max_weight", 0), median("max_weight", -1)
+    scaled, paper = median("scaled_max", -1), median("log10_paper_bound", -1)
+    spread, entropy = median("log10_range_bound", -1), median("normalized_entropy", -1)
+    if None in (first, last, scaled, paper, spread) or first <= 0 or last <= 0 or len(n) < 2:
+        measured = None
+    else:
+        slope = math.log(last / first) / math.log(n[-1] / n[0])
+        measured = (f"fixed queries: max weight {first:.3g} at n={n[0]}, {last:.3g} at n={n[-1]} (slope {slope:.2f}; "
+                    f"1/n is -1); H/log n {entropy:.2f} at n={n[-1]}; n x max weight {scaled:.3g}, below "
+                    f"exp(2D/T) = 10^{paper:.3g} and exp(Delta/T) = 10^{spread:.3g}")
+    return [{"claim": "Lemma 1: C1/n <= alpha_i <= C2/n (a bound, softmax: C2 = exp(2D/T))", "measured": measured,
+             "rule": "descriptive (a bound predicts no rate): the last query of each window over its n most recent "
+                     "keys, medians over windows of the mean (max weight) or median (bounds) over heads",
+             "verdict": "descriptive"}]
+
+
 DILUTION = Analysis(name="lemma1_dilution", layer=_layer, results=_results, csv_rows=_csv_rows,
-                    figures=_figures, scalars=_scalars)
+                    figures=_figures, scalars=_scalars, claims=_claims)

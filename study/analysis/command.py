@@ -378,7 +378,8 @@ def run(args) -> Path:
     if args.tensorboard:
         write_tensorboard(results, out)
     print(f"analysed {args.model} ({results['model']['layers']} layers, {results['model']['heads']} heads, "
-          f"normalisers {results['model']['normalizers']}) on {longest} tokens in {results['seconds']:.1f} s")
+          f"normalisers {results['model']['normalizers']}) on {input_ids.shape[0]} x {longest} tokens in "
+          f"{results['seconds']:.1f} s ({results['cpu_seconds']:.1f} s of CPU)")
     print((out / "claims.md").read_text())
     print(f"outputs in {out}: " + ", ".join(Path(p).name for p in paths.values())
           + (" + TensorBoard events" if args.tensorboard else ""))

@@ -186,7 +186,7 @@ def test_sweep_spec_analyze_section(tmp_path):
     args = plan.analyze
     assert args[args.index("--out") + 1] == str(tmp_path / "default" / "analyze")
     assert args[args.index("--windows") + 1] == "20" and args[args.index("--text") + 1] == "shakespeare"
-    assert args[args.index("--layers") + 1: args.index("--layers") + 3] == ["0", "3"]
+    assert args[args.index("--layers") + 1: args.index("--layers") + 3] == ["0", "6"]
     assert plan.as_dict()["analyze"] == args
     quick = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path)).analyze
     assert quick[quick.index("--max-length") + 1] == "64" and "--layers" not in quick  # quick: every layer

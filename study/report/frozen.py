@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from study.report.findings import DESCRIPTIVE, Finding, _judge
+from study.report.findings import DESCRIPTIVE, Finding
 from study.report.read import read_json
 from study.report.stats import (
+    INCONCLUSIVE,
     NOT_SUPPORTED,
     BandRule,
     Interval,
@@ -106,14 +107,15 @@ def _exp(interval: Interval) -> str:
     return str(Interval(math.exp(interval.estimate), math.exp(interval.lo), math.exp(interval.hi), interval.n))
 
 
-def _with_side(finding: Finding, rule, compute: Callable[[], Interval]) -> Finding:
+def _judge(claim: str, null: str, statistic: str, rule, compute: Callable[[], Interval], show=str) -> Finding:
+    """One interval and its verdict; too few windows (or no per-window values) make the finding inconclusive."""
     try:
-        side = rule.side(compute())
-    except TooFew:
-        side = ""
-    if side:
-        finding.value += f" ({side})"
-    return finding
+        interval = compute()
+    except TooFew as err:
+        return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe())
+    side = rule.side(interval)  # which way a value outside the claimed range lies
+    return Finding(claim, null, statistic, show(interval) + (f" ({side})" if side else ""), rule.verdict(interval),
+                   rule.describe())
 
 
 def _frozen(finding: Finding, paper_value: str) -> Finding:
@@ -150,7 +152,7 @@ def n_star_finding(results: dict) -> Finding:
             finding.value += f"; alpha={alpha:g}: {fmt(float(np.exp(np.mean(np.log(values)))), 3)}"
     if never:
         finding.value += f"; {never} window(s) never reached p >= {ALPHA} (counted as N* = L)"
-    return _frozen(_with_side(finding, N_STAR_RULE, compute), "N* ~ 0.06 L")
+    return _frozen(finding, "N* ~ 0.06 L")
 
 
 # ---- Algorithm 4: separability --------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def separability_finding(results: dict) -> Finding:
         SEPARABILITY_RULE,
         compute,
     )
-    return _frozen(_with_side(finding, SEPARABILITY_RULE, compute), "0.70-0.85")
+    return _frozen(finding, "0.70-0.85")
 
 
 # ---- Algorithm 5: gradient sensitivity ------------------------------------------------------------------------
@@ -208,7 +210,7 @@ def gradient_slope_finding(results: dict) -> Finding:
         frac = [w[t0] for w in saturated if w[t0] is not None]
         if frac:
             finding.value += f"; saturated rows at T={temps[t0]:g}: {fmt(float(np.mean(frac)), 3)}"
-    return _frozen(_with_side(finding, SLOPE_BAND, compute), "1/T (slope -1)")
+    return _frozen(finding, "1/T (slope -1)")
 
 
 def gradient_drop_finding(results: dict) -> Finding:
@@ -238,7 +240,7 @@ def gradient_drop_finding(results: dict) -> Finding:
         compute,
         show=_exp,
     )
-    return _frozen(_with_side(finding, DROP_RULE, compute), "~100x")
+    return _frozen(finding, "~100x")
 
 
 # ---- Lemma 1: descriptive -------------------------------------------------------------------------------------

@@ -142,6 +142,7 @@ def test_windows_are_independent_replicates_from_the_text(saved, tmp_path):
     assert starts[-1] > n_tokens / 2  # spread over the text, not its first blocks
     assert res["choices"]["epsilons"] == [0.001]
     assert len(res["alg5_gradient_by_window"]["g_max_over_heads"]) == 4
+    assert "Pooled over 4 text windows" in (out / "claims.md").read_text()
 
 
 @pytest.mark.parametrize(("extra", "message"), [

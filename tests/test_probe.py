@@ -176,26 +176,3 @@ def test_every_temperature_measures_the_same_rows(tmp_path, text_file):
     for key in ("p10", "p50", "p90", "max"):
         assert second["jacobian"][key] == pytest.approx(first["jacobian"][key], rel=1e-6), key
     assert second["hessian_qk_top"] == pytest.approx(first["hessian_qk_top"], rel=1e-4)
-
-
-def test_sweep_spec_analyze_section(tmp_path):
-    """The main job's `analyze:` section becomes `study analyze` arguments (quick keys over the full ones)."""
-    from study.sweep.spec import SweepSpecError, build_plan
-
-    plan = build_plan("configs/sweeps/default.yaml", save_dir=str(tmp_path))
-    args = plan.analyze
-    assert args[args.index("--out") + 1] == str(tmp_path / "default" / "analyze")
-    assert args[args.index("--windows") + 1] == "20" and args[args.index("--text") + 1] == "shakespeare"
-    assert args[args.index("--layers") + 1: args.index("--layers") + 3] == ["0", "6"]
-    assert plan.as_dict()["analyze"] == args
-    quick = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path)).analyze
-    assert quick[quick.index("--max-length") + 1] == "64" and "--layers" not in quick  # quick: every layer
-    assert quick[1] == str(tmp_path / "default-quick" / "pretrain" / "hf")
-    spec = tmp_path / "bad.yaml"
-    (tmp_path / "base.yaml").write_text("model: {}\n")
-    for section, message in (("{steps: 3}", r"unknown key\(s\) \['steps'\]"), ("{enabled: true}", "analyze.model")):
-        spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {section}\n")
-        with pytest.raises(SweepSpecError, match=message):
-            build_plan(spec)
-    spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {{enabled: false}}\n")
-    assert build_plan(spec).analyze is None

@@ -322,3 +322,24 @@ def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_cha
     monkeypatch.setattr(command, "main", lambda argv: 2)
     spec.write_text(spec.read_text().replace("windows: 4", "windows: 5"))
     assert not sweep._run_analyze(build_plan(spec))  # a failed analysis fails the sweep's exit code, not the report
+
+
+def test_sweep_spec_analyze_section(tmp_path):
+    """The main job's `analyze:` section becomes `study analyze` arguments (quick keys over the full ones)."""
+    plan = build_plan("configs/sweeps/default.yaml", save_dir=str(tmp_path))
+    args = plan.analyze
+    assert args[args.index("--out") + 1] == str(tmp_path / "default" / "analyze")
+    assert args[args.index("--windows") + 1] == "20" and args[args.index("--text") + 1] == "shakespeare"
+    assert args[args.index("--layers") + 1: args.index("--layers") + 3] == ["0", "6"]
+    assert plan.as_dict()["analyze"] == args
+    quick = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path)).analyze
+    assert quick[quick.index("--max-length") + 1] == "64" and "--layers" not in quick  # quick: every layer
+    assert quick[1] == str(tmp_path / "default-quick" / "pretrain" / "hf")
+    spec = tmp_path / "bad.yaml"
+    (tmp_path / "base.yaml").write_text("model: {}\n")
+    for section, message in (("{steps: 3}", r"unknown key\(s\) \['steps'\]"), ("{enabled: true}", "analyze.model")):
+        spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {section}\n")
+        with pytest.raises(SweepSpecError, match=message):
+            build_plan(spec)
+    spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {{enabled: false}}\n")
+    assert build_plan(spec).analyze is None

@@ -123,3 +123,36 @@ def test_verb_is_registered():
     from study.cli import VERBS
 
     assert VERBS["analyze"] == "study.analysis.command"
+
+
+def test_windows_are_independent_replicates_from_the_text(saved, tmp_path):
+    """--windows K analyses K disjoint windows spread over the text (the batch), recorded in results.json."""
+    root, tok = saved
+    out = tmp_path / "w"
+    argv = ["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out), "--windows", "4",
+            "--lengths", "8", "16", "--ns", "1", "5", "--temperatures", "0.01", "1", "--epsilons", "0.001",
+            "--mc-samples", "0", "--no-figures"]
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    origins = res["source"]["windows"]
+    assert res["model"]["batch"] == 4 and len(origins) == 4 and res["source"]["argv"] == argv
+    starts = sorted(o["start"] for o in origins)
+    assert all(b - a >= 16 for a, b in zip(starts, starts[1:]))  # disjoint windows of L = 16
+    n_tokens = len(tok((root / "text.txt").read_text(), add_special_tokens=False)["input_ids"])
+    assert starts[-1] > n_tokens / 2  # spread over the text, not its first blocks
+    assert res["choices"]["epsilons"] == [0.001]
+    assert len(res["alg5_gradient_by_window"]["g_max_over_heads"]) == 4
+    assert "Pooled over 4 text windows" in (out / "claims.md").read_text()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--windows", "0"], "--windows must be >= 1, got 0"),
+    (["--epsilons", "0"], "eps=0.0"),
+    (["--windows", "500", "--lengths", "16"], "500 windows of L=16 tokens need 8000 tokens"),
+])
+def test_bad_windows_fail_naming_the_value(saved, tmp_path, capsys, extra, message):
+    root, _ = saved
+    assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(tmp_path / "o"),
+                 *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -34,7 +34,7 @@ def test_analyze_results_are_plain_json(gpt2_results):
     assert ch["alphas"] == [0.01, 0.05] and "sum_outside" in ch["distance_reading"]
     a1 = res["alg1_distance_vs_length"]["d_sum_outside"]
     assert len(a1) == 2 and len(a1[0]) == 3 and len(a1[0][0]) == 4  # [layer][L][head]
-    assert {c["verdict"] for c in res["claims"]} <= {"consistent", "inconsistent", "not reached"} | {
+    assert {c["verdict"] for c in res["claims"]} <= {"consistent", "inconsistent", "not reached", "descriptive"} | {
         c["verdict"] for c in res["claims"] if c["verdict"].startswith("not measured")}
     assert all(0 <= v <= 1 for layer in res["alg4_separability"]["ratio"] for row in layer for v in row
                if v is not None)
@@ -58,6 +58,8 @@ def test_write_outputs(gpt2_results, tmp_path):
     for key in ("json", "csv", "claims", "fig2a", "fig2b", "fig2c", "fig3", "fig4", "dilution"):
         assert (tmp_path / paths[key].split("/")[-1]).stat().st_size > 0, key
     assert "| verdict |" in (tmp_path / "claims.md").read_text()
+    lemma = [c for c in res["claims"] if c["claim"].startswith("Lemma 1")]
+    assert len(lemma) == 1 and lemma[0]["verdict"] == "descriptive" and "fixed queries" in lemma[0]["measured"]
     header = (tmp_path / "per_head.csv").read_text().splitlines()[0]
     assert header == "analysis,metric,layer,head,L,N,T,eps,value"
 
@@ -154,7 +156,7 @@ def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
     model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
     res = analyze(model, torch.randint(0, 64, (1, 8)), lengths=[8], ns=[1], temperatures=[1.0], mc_samples=0,
                   spectral_rows=2)
-    assert list(res)[list(res).index("lemma1_dilution") + 1] == "toy_diagonal"
+    assert list(res)[list(res).index("lemma1_fixed_query_by_window") + 1] == "toy_diagonal"
     assert list(res["seconds_by_step"])[-1] == "toy"
     assert res["claims"][-1]["claim"] == "toy"
     cap = capture_attention(model, torch.randint(0, 64, (1, 8)))

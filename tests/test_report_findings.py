@@ -88,12 +88,15 @@ def test_one_over_t_finding_fails_on_saturated_rows(key):
 
 
 # ---- claims 1 and 6 --------------------------------------------------------------------------------------------
-def test_dilution_finding():
+def test_dilution_is_a_measurement_not_a_verdict():
+    """Lemma 1 is a bound: diluted rows and attention sinks are both measured, neither is judged."""
     diluted = [run(1.0, s, dilution_slope=-0.9 + noise(s)) for s in SEEDS]
     sink = [run(1.0, s, dilution_slope=0.0 + noise(s, 0.01)) for s in SEEDS]
-    assert F.dilution_finding(diluted).verdict == SUPPORTED
-    assert F.dilution_finding(sink).verdict == NOT_SUPPORTED
-    assert F.dilution_finding(diluted[:2]).verdict == INCONCLUSIVE
+    for runs, estimate in ((diluted, -0.9), (sink, 0.0)):
+        finding = F.dilution_finding(runs)
+        assert finding.verdict == F.DESCRIPTIVE and finding.experiment == "training" and finding.paper_value
+        assert float(finding.value.split()[0]) == pytest.approx(estimate, abs=0.02)
+    assert F.dilution_finding(diluted[:2]).value.startswith("too few")
 
 
 def test_selection_drift_finding():

@@ -290,3 +290,57 @@ def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
     spec = write_spec(tmp_path, {"seed": [0]})
     assert main(["--config", str(spec), "--devices-per-run", "2", "--dry-run"]) == 2
     assert "--devices-per-run pins the GPUs of --parallel runs" in capsys.readouterr().err
+
+
+def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_change(tmp_path, monkeypatch):
+    """`analyze:` runs `study analyze` once; the same arguments reuse results.json, other arguments replace it."""
+    import study.analysis.command as command
+    from study import sweep
+
+    calls = []
+
+    def fake_main(argv):
+        calls.append(list(argv))
+        out = Path(argv[argv.index("--out") + 1])
+        assert not out.exists()  # `study analyze` never writes into an existing folder
+        out.mkdir(parents=True)
+        (out / "results.json").write_text(json.dumps({"source": {"argv": list(argv)}}))
+        return 0
+
+    monkeypatch.setattr(command, "main", fake_main)
+    (tmp_path / "base.yaml").write_text("model: {model_name_or_path: some/model}\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"base: {tmp_path / 'base.yaml'}\nsave_dir: {tmp_path}\ngrid: {{temperature: [1]}}\n"
+                    "analyze: {windows: 3, max_length: 16}\n")
+    plan = build_plan(spec)
+    assert plan.analyze[:2] == ["--model", "some/model"]
+    assert sweep._run_analyze(plan) and sweep._run_analyze(plan)
+    assert len(calls) == 1  # the second was cached
+    spec.write_text(spec.read_text().replace("windows: 3", "windows: 4"))
+    plan = build_plan(spec)
+    assert sweep._run_analyze(plan) and len(calls) == 2 and "4" in calls[-1]
+    assert not (tmp_path / "s" / "analyze-1").exists()
+    monkeypatch.setattr(command, "main", lambda argv: 2)
+    spec.write_text(spec.read_text().replace("windows: 4", "windows: 5"))
+    assert not sweep._run_analyze(build_plan(spec))  # a failed analysis fails the sweep's exit code, not the report
+
+
+def test_sweep_spec_analyze_section(tmp_path):
+    """The main job's `analyze:` section becomes `study analyze` arguments (quick keys over the full ones)."""
+    plan = build_plan("configs/sweeps/default.yaml", save_dir=str(tmp_path))
+    args = plan.analyze
+    assert args[args.index("--out") + 1] == str(tmp_path / "default" / "analyze")
+    assert args[args.index("--windows") + 1] == "20" and args[args.index("--text") + 1] == "shakespeare"
+    assert args[args.index("--layers") + 1: args.index("--layers") + 3] == ["0", "6"]
+    assert plan.as_dict()["analyze"] == args
+    quick = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path)).analyze
+    assert quick[quick.index("--max-length") + 1] == "64" and "--layers" not in quick  # quick: every layer
+    assert quick[1] == str(tmp_path / "default-quick" / "pretrain" / "hf")
+    spec = tmp_path / "bad.yaml"
+    (tmp_path / "base.yaml").write_text("model: {}\n")
+    for section, message in (("{steps: 3}", r"unknown key\(s\) \['steps'\]"), ("{enabled: true}", "analyze.model")):
+        spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {section}\n")
+        with pytest.raises(SweepSpecError, match=message):
+            build_plan(spec)
+    spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {{enabled: false}}\n")
+    assert build_plan(spec).analyze is None

@@ -22,6 +22,8 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}},
         probe={"temperatures": [0.1, 1.0], "windows": 2, "seq_len": 16, "jacobian_rows": 8, "hessian_iterations": 2,
                "single_layers": [0]},
+        analyze={"windows": 3, "max_length": 16, "temperatures": [0.01, 0.03, 0.05, 1.0], "epsilons": [0.001],
+                 "mc_samples": 0, "figures": False},
         report=True,
     )
     done = subprocess.run([sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate"],
@@ -35,6 +37,7 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         r"\[1/2\] T0\.1_kall_softmax_s0: finished in .* \| ETA \d+:\d\d",
         r"\[2/2\] T1_kall_softmax_s0: finished in .*",
         r"probe: finished in \d+:\d\d \(.*probe\.json\)",
+        r"analyze: finished in \d+:\d\d \(.*analyze/results\.json\)",
         r"study sweep tiny: 2 finished in \d+:\d\d; report: .*report\.md",
     ]
     assert len(lines) == len(patterns), done.stdout
@@ -43,6 +46,9 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
     # Library notices are silenced at their source; what each stage printed is in its log file, not lost.
     assert "Loading weights" not in done.stdout + done.stderr and "litlogger" not in done.stdout + done.stderr
     assert "T=0.1" in (sweep / "probe" / "probe.log").read_text()
+    assert "3 x 16 tokens" in (sweep / "analyze.log").read_text()
+    report = (sweep / "report" / "report.md").read_text()
+    assert "3. critical N* ~ 0.06 L (frozen" in report and "1. Lemma 1 (frozen" in report
     assert (sweep / "pretrain" / "sweep.log").stat().st_size > 0
 
 

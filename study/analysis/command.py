@@ -4,6 +4,7 @@
                   [--tokenizer gpt2|DIR] [--lengths L ...] [--ns N ...] [--temperatures T ...]
                   [--vectors value|hidden] [--out DIR] [--max-length L] [--layers I ...]
                   [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S] [--threads N]
+                  [--windows K] [--epsilons E ...]
 
 Everything cheap is checked first (numbers, files, the text, the model's context from its config) so that a
 bad value fails with a message naming it before the model runs. Results go to --out (default
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-fixed", type=int, default=5, help="N of Alg. 1 (default: 5)")
     p.add_argument("--temperatures", type=float, nargs="+", default=None,
                    help="temperatures of Alg. 5 (default: 17 values, log-spaced 1e-3 ... 10)")
+    p.add_argument("--epsilons", type=float, nargs="+", default=None,
+                   help="probe sizes eps of Alg. 5 (default: 1e-3 0.1 10)")
+    p.add_argument("--windows", type=int, default=None,
+                   help="analyse K independent windows of L tokens spread over the text (each held-out play for "
+                        "'shakespeare'), the replicates of the per-window results (default: one, the text's start)")
     p.add_argument("--vectors", choices=("value", "hidden"), default="value",
                    help="the x_i of the theorems: per-head value vectors or the block's input hidden states")
     p.add_argument("--out", default=None, help="output folder (default: logs/analysis/<model name>/)")
@@ -73,6 +79,11 @@ def check_numbers(args) -> None:
         check_temperatures(args.temperatures)  # the analyses' own check, before the model loads
     if args.threads is not None and args.threads < 1:
         raise AnalyzeError(f"--threads must be >= 1, got {args.threads}")
+    if args.windows is not None and args.windows < 1:
+        raise AnalyzeError(f"--windows must be >= 1, got {args.windows}")
+    for e in args.epsilons or []:
+        if not e > 0:
+            raise AnalyzeError(f"epsilon must be > 0, got eps={e}")
     if args.mc_samples < 0:
         raise AnalyzeError(f"--mc-samples must be >= 0, got {args.mc_samples}")
     for i in args.layers or []:
@@ -246,7 +257,7 @@ def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
 def run(args) -> Path:
     import torch
 
-    from .grids import PAPER_NS
+    from .grids import PAPER_EPSILONS, PAPER_NS
     from .outputs import write_outputs, write_tensorboard
     from .protocol import analyze
 
@@ -261,6 +272,10 @@ def run(args) -> Path:
         raise AnalyzeError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
     lengths, longest = resolve_lengths(args, config_context(args, kind))
     text = read_text(args.text, min_chars=longest * 12)
+    if args.windows:
+        from .windows import read_texts
+
+        texts = read_texts(args.text, text)
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -285,19 +300,28 @@ def run(args) -> Path:
         if args.n_fixed > longest or any(n > longest for n in args.ns or []):
             raise AnalyzeError(f"N={max([args.n_fixed, *(args.ns or [])])} exceeds L={longest} (the text's token count)")
     input_ids = torch.tensor(ids[:longest], device=args.device)[None]
+    origins = [{"text": 0, "start": 0}]
+    if args.windows:
+        from .windows import sample_windows
+
+        windows, origins = sample_windows([tok(t, add_special_tokens=False)["input_ids"] for t in texts],
+                                          args.windows, longest, seed=args.seed)
+        input_ids = torch.tensor(windows, device=args.device)
 
     out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(named, kind if named == args.model else "hub")
     out = fresh_dir(out)
     results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
-                      temperatures=args.temperatures, vectors=args.vectors, mc_samples=args.mc_samples,
+                      temperatures=args.temperatures, epsilons=args.epsilons or PAPER_EPSILONS, vectors=args.vectors, mc_samples=args.mc_samples,
                       seed=args.seed, layers=args.layers, show_progress=True)
     results["source"] = {"model": named, "model_kind": kind, "text": args.text,
-                         "tokenizer": args.tokenizer or "the model's own", "device": args.device}
+                         "tokenizer": args.tokenizer or "the model's own", "device": args.device,
+                         "windows": origins, "argv": getattr(args, "argv", None)}
     paths = write_outputs(results, out, figures=args.figures)
     if args.tensorboard:
         write_tensorboard(results, out)
     print(f"analysed {args.model} ({results['model']['layers']} layers, {results['model']['heads']} heads, "
-          f"normalisers {results['model']['normalizers']}) on {longest} tokens in {results['seconds']:.1f} s")
+          f"normalisers {results['model']['normalizers']}) on {input_ids.shape[0]} x {longest} tokens in "
+          f"{results['seconds']:.1f} s ({results['cpu_seconds']:.1f} s of CPU)")
     print((out / "claims.md").read_text())
     print(f"outputs in {out}: " + ", ".join(Path(p).name for p in paths.values())
           + (" + TensorBoard events" if args.tensorboard else ""))
@@ -308,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in results.json (a sweep caches by it)
     threads = torch.get_num_threads()
     try:
         run(args)

@@ -16,7 +16,7 @@ from study import tags
 
 from . import plots
 from .distance import distance_stats
-from .registration import Analysis, LayerInput, Settings, plain, prefix_means
+from .registration import Analysis, LayerInput, Settings, plain, prefix_means, window_prefix_means
 
 
 def critical_n(d_heads: torch.Tensor, e_heads: torch.Tensor, ns: Sequence[int],
@@ -55,26 +55,46 @@ def critical_n(d_heads: torch.Tensor, e_heads: torch.Tensor, ns: Sequence[int],
 
 
 def _layer(settings: Settings, layer: LayerInput) -> dict:
-    """Per-head d and E over the critical grid of N, at each L: (nL, G, H) each."""
+    """Per-head d and E over the critical grid of N, at each L: (nL, G, H) pooled over the text windows, and
+    (B, nL, G, H) per window."""
     lengths = settings.grids.lengths
     c = distance_stats(layer.weights, layer.vectors, settings.grids.critical_ns, bound=False)
-    return {"d": prefix_means(c["d_sum_outside"], lengths), "e": prefix_means(c["expectation"], lengths)}
+    return {"d": prefix_means(c["d_sum_outside"], lengths), "e": prefix_means(c["expectation"], lengths),
+            "d_windows": window_prefix_means(c["d_sum_outside"], lengths),
+            "e_windows": window_prefix_means(c["expectation"], lengths)}
 
 
-def _results(settings: Settings, per_layer: list[dict]) -> dict:
-    """N* per L over all heads of all layers."""
+def _n_star_table(settings: Settings, d: torch.Tensor, e: torch.Tensor) -> list[dict]:
+    """Algorithm 3 at every L of the grid from (nL, G, heads) d and E."""
     g = settings.grids
-    crit_d = torch.cat([layer["d"] for layer in per_layer], dim=-1)  # (nL, G, layers * heads)
-    crit_e = torch.cat([layer["e"] for layer in per_layer], dim=-1)
     out = []
     for li, n_len in enumerate(g.lengths):
         grid = [n for n in g.critical_ns if n <= n_len]
         rows = [g.critical_ns.index(n) for n in grid]
-        res = critical_n(crit_d[li, rows], crit_e[li, rows], grid, settings.alphas)
+        res = critical_n(d[li, rows], e[li, rows], grid, settings.alphas)
         res["length"] = n_len
         res["n_star_over_length"] = {a: (v / n_len if v is not None else None) for a, v in res["n_star"].items()}
         out.append(res)
-    return {"alg3_critical_n": plain(out)}
+    return out
+
+
+def _by_window(settings: Settings, per_layer: list[dict]) -> dict:
+    """N*/L per text window (the KS test over that window's heads of all layers): [alpha][window][L]."""
+    d = torch.cat([layer["d_windows"] for layer in per_layer], dim=-1)  # (B, nL, G, layers * heads)
+    e = torch.cat([layer["e_windows"] for layer in per_layer], dim=-1)
+    tables = [_n_star_table(settings, d[w], e[w]) for w in range(d.shape[0])]
+    return {"lengths": settings.grids.lengths,
+            "n_star": {str(a): [[r["n_star"][str(a)] for r in t] for t in tables] for a in settings.alphas},
+            "n_star_over_length": {str(a): [[r["n_star_over_length"][str(a)] for r in t] for t in tables]
+                                   for a in settings.alphas}}
+
+
+def _results(settings: Settings, per_layer: list[dict]) -> dict:
+    """N* per L over all heads of all layers (d and E pooled over the text windows), and N* per window."""
+    crit_d = torch.cat([layer["d"] for layer in per_layer], dim=-1)  # (nL, G, layers * heads)
+    crit_e = torch.cat([layer["e"] for layer in per_layer], dim=-1)
+    return {"alg3_critical_n": plain(_n_star_table(settings, crit_d, crit_e)),
+            "alg3_critical_n_by_window": plain(_by_window(settings, per_layer))}
 
 
 def _figures(results: dict, out: Path) -> dict[str, Path]:

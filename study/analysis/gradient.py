@@ -12,7 +12,7 @@ import torch
 
 from study import tags
 from study.attention.normalizers import masked_softmax
-from study.metrics import softmax_jacobian_norm
+from study.metrics import SATURATED, softmax_jacobian_norm
 
 from . import plots
 from .registration import Analysis, LayerInput, Settings, plain
@@ -107,13 +107,28 @@ def _layer(settings: Settings, layer: LayerInput) -> dict:
     norms = torch.stack([softmax_jacobian_norm(masked_softmax(rows / T, causal), T, iterations=JACOBIAN_ITERATIONS)
                          for T in g.temperatures], -1)  # (B, H, rows, nT)
     return {"g": probe["g"].mean(dim=(0, 2)),  # (H, nT, nE)
-            "spectral_mean": norms.mean(dim=(0, 2)), "spectral_max": norms.amax(dim=(0, 2))}  # (H, nT)
+            "spectral_mean": norms.mean(dim=(0, 2)), "spectral_max": norms.amax(dim=(0, 2)),  # (H, nT)
+            "g_windows": probe["g"].mean(dim=2),  # (B, H, nT, nE): each text window apart
+            "saturated_windows": saturated_rows(logits, g.temperatures)}  # (B, H, nT)
+
+
+@torch.no_grad()
+def saturated_rows(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """Per (batch item, head) and T: the fraction of causal rows whose softmax(l / T) has a weight above
+    `study.metrics.SATURATED`: such rows have a Jacobian near 0 whatever T, which flattens a 1/T law.
+    logits (B, H, L, L) -> (B, H, nT)."""
+    L = logits.shape[-1]
+    masked = logits.double().masked_fill(~causal_visible(L, logits.device), -math.inf)
+    gap = masked - masked.amax(-1, keepdim=True)  # <= 0; the row's largest weight is 1 / sum exp(gap / T)
+    return torch.stack([(torch.exp(gap / T).sum(-1) < 1 / SATURATED).double().mean(-1) for T in temperatures], -1)
 
 
 def _results(settings: Settings, per_layer: list[dict]) -> dict:
     tt = torch.tensor(settings.grids.temperatures, dtype=torch.float64)
     g_all = torch.stack([layer["g"] for layer in per_layer])  # (layers, H, nT, nE)
     spec_max = torch.stack([layer["spectral_max"] for layer in per_layer])
+    windows = torch.cat([layer["g_windows"] for layer in per_layer], dim=1)  # (B, layers * heads, nT, nE)
+    saturated = torch.cat([layer["saturated_windows"] for layer in per_layer], dim=1)
     return {"alg5_gradient": {
         "g_per_head": plain(g_all),  # [layer][head][T][eps]
         "g_max_over_heads": plain(g_all.flatten(0, 1).amax(0)),  # [T][eps]: max over heads
@@ -121,6 +136,10 @@ def _results(settings: Settings, per_layer: list[dict]) -> dict:
         "spectral_max_over_heads": plain(spec_max.flatten(0, 1).amax(0)),  # [T]
         "bound_min_quarter_over_t_sqrt2": plain(torch.clamp(0.25 / tt, max=math.sqrt(2))),
         "half_over_t": plain(0.5 / tt),
+    }, "alg5_gradient_by_window": {  # per text window, over every analysed head: [window][T][eps]
+        "g_max_over_heads": plain(windows.amax(1)),
+        "g_mean_over_heads": plain(windows.mean(1)),
+        "saturated_fraction": plain(saturated.mean(1)),  # [window][T]: rows with a weight above SATURATED
     }}
 
 

@@ -33,6 +33,11 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
         lines.append(f"| {c['claim']} | {c['measured'] or '-'} | {c['rule']} | {c['verdict']} |")
     lines += ["", f"vectors: {ch['vectors']} ({ch['vector_note']}); distance reading: {ch['distance_reading']}; "
               f"KS alphas: {ch['alphas']}; reconstructed formulas: {', '.join(ch['reconstructions'])}."]
+    windows = results["model"].get("batch", 1)
+    if windows > 1:
+        lines += ["", f"Pooled over {windows} text windows (results.json `source.windows`). These verdicts are point "
+                  "rules; a sweep's report judges the same claims with 95% intervals over the windows "
+                  "(docs/findings.md, frozen-model findings)."]
     paths["claims"].write_text("\n".join(lines) + "\n")
     if figures:
         for analysis in table.ANALYSES:

@@ -38,13 +38,15 @@ __all__ = ["PAPER_EPSILONS", "PAPER_NS", "analyze", "benchmark_against_oracle", 
 
 
 @contextmanager
-def timed(seconds: dict[str, float], name: str) -> Iterator[None]:
-    """Add the block's wall time to ``seconds[name]``."""
-    start = time.perf_counter()
+def timed(seconds: dict[str, float], name: str, cpu: dict[str, float] | None = None) -> Iterator[None]:
+    """Add the block's wall time to ``seconds[name]`` (and this process's CPU time to ``cpu[name]``)."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
         seconds[name] += time.perf_counter() - start
+        if cpu is not None:
+            cpu[name] += time.process_time() - start_cpu
 
 
 @torch.no_grad()
@@ -76,7 +78,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
                         spectral_rows=spectral_rows)
     input_ids = input_ids[:, : grids.max_len]
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     cap = capture_attention(model, input_ids, hidden_states=(vectors == "hidden"))
     if layers is None:
         layers = list(range(cap.n_layers))
@@ -88,11 +90,13 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     settings = Settings(grids=grids, mc_samples=mc_samples, seed=seed, alphas=list(alphas))
     per_layer: dict[str, list[dict]] = {a.name: [] for a in table.ANALYSES}  # each analysis' layers, in order
     seconds = {"capture": time.perf_counter() - started, **{a.name: 0.0 for a in table.ANALYSES}}
+    # CPU time beside wall time: on a shared machine only the former measures the work
+    cpu = {"capture": time.process_time() - started_cpu, **{a.name: 0.0 for a in table.ANALYSES}}
     for index in progress(layers, "analyze", unit="layer", enabled=show_progress):
         layer = LayerInput(capture=cap, index=index, weights=cap.weights(index, dtype=dtype),
                            vectors=cap.vectors(index, vectors, dtype=dtype), dtype=dtype)
         for analysis in table.ANALYSES:
-            with timed(seconds, analysis.name):
+            with timed(seconds, analysis.name, cpu):
                 per_layer[analysis.name].append(analysis.layer(settings, layer))
         del layer
 
@@ -103,6 +107,8 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         **{key: block for a in table.ANALYSES for key, block in a.results(settings, per_layer[a.name]).items()},
         "seconds": time.perf_counter() - started,
         "seconds_by_step": seconds,
+        "cpu_seconds": time.process_time() - started_cpu,  # this process, all its threads
+        "cpu_seconds_by_step": cpu,
     }
     results["claims"] = compare_with_paper(results)
     return results

@@ -10,6 +10,7 @@ runner (`protocol.py`) and the writers (`outputs.py`: files and `--tensorboard` 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +131,27 @@ def prefix_means(stat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     return (total[:, idx] / count[:, idx]).permute(1, 2, 0)  # NaN where nothing was defined
 
 
+def window_prefix_means(stat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """`prefix_means` kept apart per batch item (each text window is a replicate) -> (B, nL, G, H)."""
+    valid = ~torch.isnan(stat)
+    total = torch.nan_to_num(stat).double().cumsum(2)  # (B, H, L, G)
+    count = valid.double().cumsum(2)
+    idx = torch.tensor([n - 1 for n in lengths])
+    return (total[:, :, idx] / count[:, :, idx]).permute(0, 2, 3, 1)
+
+
 def mean_of(values) -> float:
     """Mean of the defined (non-None) values; NaN when there is none."""
     vals = [v for v in values if v is not None]
     return float(np.mean(vals)) if vals else float("nan")
+
+
+def nan_median(values: np.ndarray) -> np.ndarray:
+    """Median over the last axis, NaN (undefined) entries left out; NaN where all are (numpy's median, the
+    mean of the two middle values for an even count, as `median_over_heads`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "All-NaN slice": NaN is the answer there
+        return np.nanmedian(values, axis=-1)
 
 
 def median_over_heads(per_layer: list, index: int) -> float | None:

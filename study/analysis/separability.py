@@ -20,9 +20,12 @@ from .registration import (
     Settings,
     mean_of,
     median_over_heads,
+    nan_median,
     per_head_rows,
+    plain,
     prefix_means,
     stack_layers,
+    window_prefix_means,
 )
 from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_ranks
 
@@ -121,13 +124,18 @@ def _layer(settings: Settings, layer: LayerInput) -> dict:
     out["within_bounds"] = prefix_means(within.masked_fill(~s["valid"], math.nan), [max_len])[0]
     out["above_lower"] = prefix_means(above.masked_fill(~s["valid"], math.nan), [max_len])[0]
     out["radius"] = s["radius"].mean(0)  # (H,)
+    out["ratio_windows"] = window_prefix_means(s["ratio"], [max_len])[:, 0]  # (B, G, H): each text window apart
     return out
 
 
 def _results(settings: Settings, per_layer: list[dict]) -> dict:
     """Per-head arrays [layer][N][head]; radius [layer][head]."""
     order = ("ratio", "lower", "upper", "within_bounds", "above_lower", "xi_clamped", "radius")
-    return {"alg4_separability": stack_layers([{k: layer[k] for k in order} for layer in per_layer])}
+    windows = torch.cat([layer["ratio_windows"] for layer in per_layer], dim=-1)  # (B, G, layers * heads)
+    return {"alg4_separability": stack_layers([{k: layer[k] for k in order} for layer in per_layer]),
+            # per text window: the median over every analysed head of N_s/N, [window][N]
+            "alg4_separability_by_window": {"ns": settings.grids.separability_ns,
+                                            "median_over_heads": plain(nan_median(windows.double().numpy()))}}
 
 
 def _csv_rows(results: dict, layer_ids: list[int]):

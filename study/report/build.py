@@ -14,6 +14,7 @@ from study.report import markdown as md
 from study.report import sources
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
+from study.report.frozen import frozen_findings, load_analysis
 from study.report.probe import draw_layers
 from study.report.probe import section as probe_section
 from study.report.read import load_sweep, read_json
@@ -71,9 +72,9 @@ def run_states(all_runs: list[Summary], not_counted: list[Summary] | None = None
     return dict(sorted(states.items()))
 
 
-def judged(summaries: list[Summary], probe: dict | None) -> tuple[list[Finding], Family]:
-    """The findings as one family, each interval at its Bonferroni level."""
-    return simultaneous(lambda: findings(summaries, probe))
+def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None = None) -> tuple[list[Finding], Family]:
+    """The findings (training, probe and frozen-model) as one family, each interval at its Bonferroni level."""
+    return simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
 
 
 def report_text(
@@ -183,7 +184,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     missing = [t for t in WANTED_TAGS if t not in logged]
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
-    judgement = judged(primary, probe)
+    judgement = judged(primary, probe, load_analysis(sweep_dir))
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
     )

@@ -52,6 +52,7 @@ MIN_PER_LEVEL = 2  # slope intervals: replicates per level of x (with at least M
 MIN_LEVELS = 3
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+DESCRIPTIVE = "descriptive"  # a measurement beside the findings (the paper states a bound there, not a rate): no test
 
 _LEVEL: ContextVar[float] = ContextVar("study_report_interval_level", default=CONFIDENCE)
 
@@ -109,10 +110,11 @@ def family_level(family: Family) -> Iterator[Family]:
 def simultaneous(judge: Callable[[], list[Item]], confidence: float = CONFIDENCE) -> tuple[list[Item], Family]:
     """Judge a family of findings with Bonferroni-adjusted intervals.
 
-    `judge` builds the findings; it is called once to count them (the family is every finding it returns) and
+    `judge` builds the findings; it is called once to count them (the family is every finding it returns but the
+    descriptive ones) and
     once more with each interval at 1 - (1 - confidence)/m. Intervals are closed-form, so the second pass is cheap.
     """
-    size = len(judge())
+    size = sum(getattr(item, "verdict", None) != DESCRIPTIVE for item in judge())  # a measurement is not a test
     if size == 0:
         return [], Family(1, confidence)
     family = Family(size, confidence)

@@ -14,6 +14,7 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
     pretrain/                    the pretraining run (if the sweep has one); pretrain/hf = save_pretrained model
     T0.1_k4_softmax_s0/          one run: TensorBoard events, config.yaml, hparams, checkpoints/, status.json, run.lock
     probe/probe.json             `study probe` on the frozen model (the spec's `probe:` section; + figure, events)
+    analyze/results.json         `study analyze` on the frozen model (the spec's `analyze:` section; + figures)
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips

@@ -120,6 +120,7 @@ def _finish(plan: Plan, args, start: float) -> int:
         )
         return 0
     probe_ok = _run_probe(plan, quiet=not args.verbose)
+    probe_ok = _run_analyze(plan, quiet=not args.verbose) and probe_ok
     report = None
     if plan.report and not args.no_report:
         from study.report import build_report
@@ -254,6 +255,33 @@ def _run_probe(plan: Plan, quiet: bool = True) -> bool:
         print(f"study sweep: the probe failed (see {out / 'probe.log'}); the report goes without it", file=sys.stderr)
         return False
     print(f"probe: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
+    return True
+
+
+def _run_analyze(plan: Plan, quiet: bool = True) -> bool:
+    """`study analyze` with the spec's `analyze:` options, unless results.json from the same arguments exists (an
+    older analysis with other arguments is replaced); its output goes to analyze/analyze.log."""
+    if not plan.analyze:
+        return True
+    import shutil
+
+    from study.analysis.command import main as analyze_main
+
+    out = plan.sweep_dir / "analyze"
+    done = out / "results.json"
+    if done.is_file() and ((read_json(done, []) or {}).get("source") or {}).get("argv") == plan.analyze:
+        print(f"analyze: cached ({done})", flush=True)
+        return True
+    log = plan.sweep_dir / "analyze.log"  # beside the folder: `study analyze` never writes into an existing one
+    if out.exists():
+        shutil.rmtree(out)
+    t0 = time.perf_counter()
+    with run_console(log, quiet=quiet):
+        code = analyze_main(plan.analyze)
+    if code != 0:
+        print(f"study sweep: the analysis failed (see {log}); the report goes without it", file=sys.stderr)
+        return False
+    print(f"analyze: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
     return True
 
 

@@ -41,10 +41,11 @@ TOP_KEYS = {
     "threads",
     "probe",
     "arms",
+    "analyze",
 }
 PRETRAIN_KEYS = {"overrides"}
 SWEEP_OWNED = {"trainer.logger", "trainer.callbacks"}  # set per run by the sweep (runargs.py)
-QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe", "arms"}
+QUICK_KEYS = {"grid", "overrides", "pretrain", "description", "probe", "arms", "analyze"}
 # `probe:` keys -> `study probe` options (model defaults to the pretrained model, else model.model_name_or_path)
 PROBE_OPTIONS = {
     "model": "--model",
@@ -62,6 +63,22 @@ PROBE_OPTIONS = {
     "fp64_temperatures": "--fp64-temperatures",
     "threads": "--threads",
     "seed": "--seed",
+}
+# `analyze:` keys -> `study analyze` options (model: as for the probe; `figures: false` -> --no-figures)
+ANALYZE_OPTIONS = {
+    "model": "--model",
+    "text": "--text",
+    "windows": "--windows",
+    "lengths": "--lengths",
+    "max_length": "--max-length",
+    "layers": "--layers",
+    "ns": "--ns",
+    "temperatures": "--temperatures",
+    "epsilons": "--epsilons",
+    "mc_samples": "--mc-samples",
+    "vectors": "--vectors",
+    "seed": "--seed",
+    "threads": "--threads",
 }
 GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "log_grad_norm"}
 CHECKPOINT_KEYS = {"enabled", "every_n_train_steps"}
@@ -112,6 +129,7 @@ class Plan:
     threads: int | None = None
     notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
     probe: list[str] | None = None  # `study probe` arguments (after pretraining, before the report)
+    analyze: list[str] | None = None  # `study analyze` arguments (after the probe, before the report)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +140,7 @@ class Plan:
             "grid_keys": list(axes.grid_keys()),
             "pretrain": self.pretrain.as_dict() if self.pretrain else None,
             "probe": self.probe,
+            "analyze": self.analyze,
             "runs": [run.as_dict() for run in self.runs],
         }
 
@@ -268,6 +287,28 @@ def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] 
     return args
 
 
+def analyze_args(section: Any, default_model: str | None, out: Path) -> list[str] | None:
+    """`study analyze` arguments from the spec's `analyze:` section (None when absent or `enabled: false`); its
+    numbers are checked by `study analyze` itself before the model loads."""
+    if section is None:
+        return None
+    _check_keys("analyze", section, set(ANALYZE_OPTIONS) | {"enabled", "figures"})
+    if not section.get("enabled", True):
+        return None
+    model = section.get("model") or default_model
+    if not model:
+        raise SweepSpecError("`analyze.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
+    args = ["--model", str(model), "--text", str(section.get("text") or "shakespeare"), "--out", str(out)]
+    for key, flag in ANALYZE_OPTIONS.items():
+        value = section.get(key)
+        if key in ("model", "text") or value is None:
+            continue
+        args += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    if section.get("figures", True) is False:
+        args.append("--no-figures")
+    return args
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -295,6 +336,14 @@ def _apply_quick(
     if "arms" in q:
         spec["arms"] = q["arms"]
     return f"{name}-quick", grid, pretrain, probe
+
+
+def _quick_analyze(spec: dict) -> Any:
+    """The `analyze:` section for --quick: the quick section's keys over the full one's."""
+    q = spec.get("quick") or {}
+    if q.get("analyze") is None:
+        return spec.get("analyze")
+    return {**(spec.get("analyze") or {}), **q["analyze"]}
 
 
 def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
@@ -401,6 +450,7 @@ def build_plan(
         raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
     model = pretrained_path or overrides.get("model.model_name_or_path") or dotted_get(base_config, "model.model_name_or_path")
     probe = probe_args(probe_spec, model, sweep_dir / "probe")
+    analyze = analyze_args(_quick_analyze(spec) if quick else spec.get("analyze"), model, sweep_dir / "analyze")
     return Plan(
         name,
         spec_path,
@@ -413,4 +463,5 @@ def build_plan(
         threads,
         notes,
         probe,
+        analyze,
     )

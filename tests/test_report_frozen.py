@@ -1,0 +1,151 @@
+"""The frozen-model findings (study analyze's results.json -> report rows): synthetic per-window results where each
+claim is true give "supported", where it is false "not supported", and too few windows "inconclusive"; Lemma 1
+is measured, never judged."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from study.report import frozen as Z
+from study.report.build import report_text
+from study.report.findings import DESCRIPTIVE
+from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, Interval
+
+TEMPS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]
+SEP_NS = [1, 2, 4, 8, 16, 32, 64, 128]
+LENGTHS = [32, 64, 128, 256]
+
+
+def results(windows: int = 20, n_star_ratio: float = 0.06, separability: float = 0.78, slope: float = -1.0,
+            drop: float = 100.0, noise: float = 0.05, seed: int = 0, dilution: float = -0.9) -> dict:
+    """A results.json as `study analyze --windows` writes it (only the per-window blocks the report reads)."""
+    rng = np.random.default_rng(seed)
+
+    def jitter() -> float:
+        return float(np.exp(noise * rng.standard_normal()))
+
+    g, sat = [], []
+    for _ in range(windows):
+        scale = jitter()
+        low = {t: scale * 0.02 * t**slope * jitter() for t in TEMPS if t < 0.1}
+        rest = max(low.values()) / (drop * jitter())
+        g.append([[low.get(t, rest), low.get(t, rest) * 0.9] for t in TEMPS])
+        sat.append([0.1 if t < 0.1 else 0.0 for t in TEMPS])
+    max_weight = [[0.5 * n**dilution * jitter() for n in LENGTHS] for _ in range(windows)]
+    return {
+        "source": {"model": "synthetic"},
+        "choices": {"temperatures": TEMPS, "epsilons": [1e-3, 0.1], "alphas": [0.01, 0.05], "lengths": LENGTHS},
+        "alg3_critical_n_by_window": {
+            "lengths": LENGTHS,
+            "n_star_over_length": {
+                "0.01": [[None, None, None, n_star_ratio * jitter()] for _ in range(windows)],
+                "0.05": [[None, None, None, 1.5 * n_star_ratio * jitter()] for _ in range(windows)],
+            },
+        },
+        "alg4_separability_by_window": {
+            "ns": SEP_NS,
+            "median_over_heads": [[1.0 if n < 16 else min(1.0, separability * jitter()) for n in SEP_NS]
+                                  for _ in range(windows)],
+        },
+        "alg5_gradient_by_window": {"g_max_over_heads": g, "saturated_fraction": sat},
+        "lemma1_fixed_query_by_window": {
+            "lengths": LENGTHS,
+            "max_weight": max_weight,
+            "normalized_entropy": [[0.6 for _ in LENGTHS] for _ in range(windows)],
+            "scaled_max": [[n * w for n, w in zip(LENGTHS, row)] for row in max_weight],
+            "log10_range_bound": [[3.0 for _ in LENGTHS] for _ in range(windows)],
+            "log10_paper_bound": [[40.0 for _ in LENGTHS] for _ in range(windows)],
+        },
+    }
+
+
+def by_name(found) -> dict:
+    keys = {"3. critical": "n_star", "4. N_s/N": "separability", "5. gradient sensitivity": "slope", "5. g drops": "drop",
+            "1. Lemma 1": "lemma1"}
+    return {next(v for k, v in keys.items() if f.claim.startswith(k)): f for f in found}
+
+
+def test_every_claim_true_is_supported_with_the_paper_value_and_experiment():
+    found = by_name(Z.frozen_findings(results()))
+    for name in ("n_star", "separability", "slope", "drop"):
+        assert found[name].verdict == SUPPORTED, (name, found[name].value)
+    for f in found.values():
+        assert f.experiment == "frozen" and f.paper_value
+    assert "saturated rows at T=0.001: 0.1" in found["slope"].value
+
+
+@pytest.mark.parametrize(("changes", "name", "side"), [
+    (dict(n_star_ratio=0.8), "n_star", "above the range"),  # the KS test merges only near N = L
+    (dict(n_star_ratio=0.004), "n_star", "below the range"),
+    (dict(separability=0.47), "separability", "below the range"),
+    (dict(separability=0.97), "separability", "above the range"),
+    (dict(slope=-0.15), "slope", "shallower than T^-1"),  # a flat probe
+    (dict(slope=-2.0), "slope", "steeper than T^-1"),  # steeper is not "like 1/T" either
+    (dict(drop=18.0), "drop", "below the range"),
+    (dict(drop=2000.0), "drop", "above the range"),
+])
+def test_a_false_claim_is_not_supported_and_says_which_way(changes, name, side):
+    found = by_name(Z.frozen_findings(results(**changes)))
+    assert found[name].verdict == NOT_SUPPORTED, found[name].value
+    assert side in found[name].value
+    others = [f.verdict for key, f in found.items() if key not in (name, "lemma1")]
+    assert all(v == SUPPORTED for v in others)
+
+
+def test_noisy_windows_near_an_edge_are_inconclusive_and_two_windows_too_few():
+    edge = by_name(Z.frozen_findings(results(separability=0.85, noise=0.1)))
+    assert edge["separability"].verdict == INCONCLUSIVE
+    few = by_name(Z.frozen_findings(results(windows=2)))
+    for name in ("n_star", "separability", "drop"):
+        assert few[name].verdict == INCONCLUSIVE and "too few" in few[name].value
+
+
+def test_n_star_never_reached_counts_as_n_equal_l_and_is_named():
+    res = results(n_star_ratio=0.06, noise=0.0)
+    res["alg3_critical_n_by_window"]["n_star_over_length"]["0.01"][0][-1] = None
+    finding = Z.n_star_finding(res)
+    assert "1 window(s) never reached" in finding.value
+    # geometric mean of 19 x 0.06 and one 1.0
+    assert float(finding.value.split()[0]) == pytest.approx(math.exp((19 * math.log(0.06)) / 20), rel=1e-3)
+
+
+def test_slope_interval_is_paired_over_windows_and_its_estimate_is_the_fitted_exponent():
+    finding = Z.gradient_slope_finding(results(slope=-0.8, noise=0.0))
+    assert float(finding.value.split()[0]) == pytest.approx(-0.8, abs=1e-9)
+
+
+def test_lemma1_is_described_not_judged():
+    for dilution in (-1.0, 0.0):  # fully diluted and an attention sink: neither is a verdict
+        finding = Z.lemma1_measurement(results(dilution=dilution, noise=0.01))
+        assert finding.verdict == DESCRIPTIVE and finding.experiment == "frozen"
+        assert float(finding.value.split()[6]) == pytest.approx(dilution, abs=0.02)
+    # log10 of n x max weight at n = 256 with dilution -0.9: 256 * 0.5 * 256^-0.9; the paper's constant 10^40
+    finding = Z.lemma1_measurement(results(noise=0.0))
+    assert f"10^{40 - math.log10(0.5 * 256**0.1):.3g}" in finding.value
+
+
+def test_range_rule_edges_and_bad_ranges():
+    rule = Z.RangeRule(0.7, 0.85)
+    assert rule.verdict(Interval(0.78, 0.72, 0.84, 20)) == SUPPORTED
+    assert rule.verdict(Interval(0.6, 0.55, 0.65, 20)) == NOT_SUPPORTED
+    assert rule.verdict(Interval(0.7, 0.65, 0.75, 20)) == INCONCLUSIVE
+    assert rule.verdict(None) == INCONCLUSIVE
+    with pytest.raises(ValueError, match="low < high"):
+        Z.RangeRule(0.85, 0.7)
+    with pytest.raises(ValueError, match="low > 0"):
+        Z.RangeRule(0.0, 1.0, log=True)
+
+
+def test_report_reads_the_sweeps_analyze_results(tmp_path):
+    assert Z.load_analysis(tmp_path) is None and Z.frozen_findings(None) == []
+    (tmp_path / "analyze").mkdir()
+    (tmp_path / "analyze" / "results.json").write_text(json.dumps(results()))
+    loaded = Z.load_analysis(tmp_path)
+    text = report_text("t", str(tmp_path), [], [], {}, None, [], loaded)
+    assert "3. critical N* ~ 0.06 L (frozen synthetic" in text and "| descriptive |" in text
+    (tmp_path / "analyze" / "results.json").write_text("{broken")
+    assert Z.load_analysis(tmp_path) is None

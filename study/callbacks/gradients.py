@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
-from study.callbacks.base import TRAIN, Sums, TapMonitor
+from study.callbacks.base import TRAIN, VAL, Sums, TapMonitor
 from study.metrics import (
     SATURATED,
     grouped_grad_norms,
@@ -91,12 +91,17 @@ class GradientNormMonitor(TapMonitor):
         self.per_parameter_every_n_steps = per_parameter_every_n_steps
         self.jacobian_rows = jacobian_rows
         self.seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(seed)  # training rows; its state is saved in checkpoints
+        # Validation rows come from their own sampler, reseeded from (seed, rank, step) at each validation: a
+        # validation leaves the training sampler as it was, so a run resumed from a checkpoint written just before
+        # a validation samples the training rows the uninterrupted run does.
+        self._val_generator = torch.Generator().manual_seed(seed)
         self._module: L.LightningModule | None = None
         self._hooks: list[Any] = []
         self._pre: dict[str, Tensor] | None = None
         self._post: Tensor | None = None
         self._pending: dict[str, list[tuple[int, Tensor, float]]] = {}  # phase -> sampled rows awaiting norms
+        self._restored: Tensor | None = None  # the sampler's state from a checkpoint, applied at fit start
 
     # ----- the tap: Jacobian norm on sampled rows ----------------------------------------------------------
 
@@ -107,7 +112,8 @@ class GradientNormMonitor(TapMonitor):
         if spec.normalizer != "softmax":  # the closed form is softmax's Jacobian
             return {}
         # Only sample here; the norms of every layer's rows come from one batched root-finding at log time.
-        rows = sample_rows(weights, allowed, self.jacobian_rows, generator=self._generator)
+        generator = self._val_generator if self._phase == VAL else self._generator
+        rows = sample_rows(weights, allowed, self.jacobian_rows, generator=generator)
         self._pending.setdefault(self._phase, []).append((layer, rows, spec.temperature))
         return {}
 
@@ -164,10 +170,30 @@ class GradientNormMonitor(TapMonitor):
         return trainer.global_step % self.every_n_steps == 0
 
     @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_start(trainer, pl_module)
+        self._val_generator.manual_seed(self.seed + 1 + 7919 * trainer.global_rank + 104729 * trainer.global_step)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # The row sampler's state: a resumed run samples the rows the uninterrupted run would have.
+        return {**super().state_dict(), "generator": self._generator.get_state()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._restored = state_dict.get("generator")
+
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._module = pl_module
-        # Different rows on each rank, and a resumed run does not replay the rows of the first steps.
-        self._generator.manual_seed(self.seed + 7919 * trainer.global_rank + 104729 * trainer.global_step)
+        restored, self._restored = self._restored, None
+        if restored is not None and trainer.global_rank == 0:
+            # Lightning restores callbacks before `on_fit_start`; the checkpoint holds rank zero's sampler.
+            self._generator.set_state(restored)
+        else:
+            # Different rows on each rank (under DDP the other ranks restart theirs from the step on resume).
+            self._generator.manual_seed(self.seed + 7919 * trainer.global_rank + 104729 * trainer.global_step)
         for optimizer in trainer.optimizers:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
 

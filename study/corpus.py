@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from study.cachefolder import build_atomically, usable
+from study.cachefolder import build_atomically
 
 SOURCES = ("shakespeare", "hub", "files")
 # Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
@@ -86,11 +86,6 @@ def _atomic_save(save, target: Path) -> None:
     """Write a cache entry to a temporary folder, with its checksums, and rename it, so concurrent ranks never see
     half of it (`study.cachefolder.build_atomically`)."""
     build_atomically(save, target)
-
-
-def _cached(target: Path) -> bool:
-    """True if the cache entry ``target`` is there and sound; a damaged or half-built one is moved aside (False)."""
-    return usable(target)
 
 
 def _fingerprint(*parts: object) -> str:

@@ -32,13 +32,13 @@ from lightning.pytorch.utilities.types import EVAL_DATALOADERS, TRAIN_DATALOADER
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from study.cachefolder import usable as sound_cache
 from study.corpus import (
     EOS,
     GPT2_NAMES,
     SHAKESPEARE_VALIDATION,
     SOURCES,
     _atomic_save,
-    _cached,
     _file_identity,
     _fingerprint,
     gpt2_tokenizer,
@@ -189,7 +189,7 @@ class TextDataModule(L.LightningDataModule):
                 raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
             return tokenizer
         target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{_fingerprint(self._identity())}"
-        if not _cached(target):
+        if not sound_cache(target):
 
             def train(folder: Path) -> None:
                 from tokenizers import ByteLevelBPETokenizer
@@ -217,7 +217,7 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenise and pack once (rank 0); later runs and other ranks read the cache."""
         target = self._blocks_dir()
-        if _cached(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
+        if sound_cache(target):  # checked on every use: a damaged or half-built cache is rebuilt, never read
             return
         tokenizer, block = self.tokenizer, self.hparams.block_size
         eos = tokenizer.eos_token_id

@@ -46,6 +46,19 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), self.signal)
 
 
+class KillAtValidation(L.Callback):
+    """SIGKILL the process when the first validation after `step` optimizer steps starts: the window in which the
+    step that wrote a checkpoint has logged its metrics after that checkpoint, and nothing has flushed them."""
+
+    def __init__(self, step: int, env: str = "STUDY_FAULTS", always: bool = False) -> None:
+        self.step, self.env, self.always = step, env, always
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if _armed(self.env, self.always) and trainer.global_step >= self.step and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal_module.SIGKILL)
+
+
 class NaNLossAtStep(L.Callback):
     """Multiply the training loss by NaN from optimizer step `step` on (wraps the module's `training_step`)."""
 

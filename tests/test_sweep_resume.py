@@ -107,3 +107,53 @@ def test_a_run_killed_after_its_final_checkpoint_starts_over(tmp_path):
     assert [s for s, _ in scalars[tags.TRAIN_LOSS]] == list(range(8)) and tags.VAL_PPL in scalars
     for key, value in reference.items():
         torch.testing.assert_close(weights(run)[key], value, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kill, every, resumed_from",
+    [
+        ({"class_path": "tests.faults.KillAtStep", "init_args": {"step": 6}}, 6, 6),  # SIGKILL at step 6's start
+        # the checkpoint of step 4 is written before the validation that follows step 3, which a resumed attempt
+        # does not run again: its logs (the monitors' at step 4) are kept, the purge starts at step 5
+        ({"class_path": "tests.faults.KillAtStep", "init_args": {"step": 6}}, 4, 4),
+        # killed inside that validation: its logs are lost, and a resumed attempt would never write them: the run
+        # starts over
+        ({"class_path": "tests.faults.KillAtValidation", "init_args": {"step": 4}}, 4, None),
+    ],
+    ids=["next-step", "after-validation", "in-validation"],
+)
+def test_killed_right_after_a_mid_run_checkpoint_every_scalar_matches_the_uninterrupted_run(
+    tmp_path, kill, every, resumed_from
+):
+    """SIGKILL right after a mid-run checkpoint: no logged step may be lost (step 8 of 12 was gone for good), and
+    the Jacobian monitor's sampled rows must continue as in the uninterrupted run (its sampler was reseeded on
+    resume). Every scalar tag is compared, step by step."""
+    from tests.test_sweep_faults import sweep
+
+    overrides = {"trainer.max_steps": 12, "trainer.val_check_interval": 4, "trainer.check_val_every_n_epoch": None,
+                 "data.max_train_blocks": 48}  # fmt: skip
+
+    def spec_in(name, callbacks):
+        folder = tmp_path / name
+        folder.mkdir()
+        spec = write_spec(folder, {"temperature": [0.5]}, overrides, checkpoint={"every_n_train_steps": every},
+                          callbacks=callbacks)
+        return spec, folder / "logs" / "tiny" / "T0.5_kall_softmax_s0"
+
+    spec, reference = spec_in("uninterrupted", [])
+    assert sweep(spec, faults=False).returncode == 0
+    spec, run = spec_in("killed", [kill])
+    killed = sweep(spec, faults=True)
+    assert killed.returncode == -9 and status(run)["state"] == "running"
+    resumed = sweep(spec, faults=False)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    st = status(run)
+    assert st["state"] == "finished" and st["resumed_from_step"] == resumed_from, st
+    ref, got = read_scalars(reference), read_scalars(run)
+    assert sorted(got) == sorted(ref)
+    assert [s for s, _ in got[tags.TRAIN_LOSS]] == list(range(12))
+    assert any(tag.startswith("train/grad_norm") or "jacobian" in tag for tag in ref)
+    for tag in ref:
+        assert [s for s, _ in got[tag]] == [s for s, _ in ref[tag]], tag
+        for (step, value), (_, expected) in zip(got[tag], ref[tag]):
+            assert value == pytest.approx(expected, rel=1e-5, abs=1e-7), (tag, step)

@@ -10,6 +10,8 @@ Jacobian is ~0 at any T.
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
-from study.callbacks.base import Sums, TapMonitor
+from study.callbacks.base import VAL, Sums, TapMonitor
 from study.metrics import SATURATED, sample_rows, softmax_jacobian_max_entry, softmax_jacobian_norm
 
 NEAR_BOUND = 0.9  # a row "comes close" to the entrywise bound when its largest entry is >= this x 1/(4T)
@@ -59,19 +61,45 @@ class AttentionJacobianMonitor(TapMonitor):
             raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
         self.rows = rows
         self.seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(seed)  # training rows; its state is saved in checkpoints
+        # Validation rows come from their own sampler, reseeded from (seed, rank, step) at each validation: a
+        # validation leaves the training sampler as it was, so a run resumed from a checkpoint written just before
+        # a validation samples the training rows the uninterrupted run does.
+        self._val_generator = torch.Generator().manual_seed(seed)
+        self._restored: Tensor | None = None  # the sampler's state from a checkpoint, applied at fit start
         self._pending: dict[str, list[tuple[int, Tensor, float]]] = {}  # phase -> sampled rows awaiting norms
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Different rows on each rank, and a resumed run does not replay the rows of the first steps.
-        self._generator.manual_seed(self.seed + 7919 * trainer.global_rank + 104729 * trainer.global_step)
+        restored, self._restored = self._restored, None
+        if restored is not None and trainer.global_rank == 0:
+            # Lightning restores callbacks before `on_fit_start`; the checkpoint holds rank zero's sampler.
+            self._generator.set_state(restored)
+        else:
+            # Different rows on each rank (under DDP the other ranks restart theirs from the step on resume).
+            self._generator.manual_seed(self.seed + 7919 * trainer.global_rank + 104729 * trainer.global_step)
+
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_start(trainer, pl_module)
+        self._val_generator.manual_seed(self.seed + 1 + 7919 * trainer.global_rank + 104729 * trainer.global_step)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # The row sampler's state: a resumed run samples the rows the uninterrupted run would have.
+        return {**super().state_dict(), "generator": self._generator.get_state()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._restored = state_dict.get("generator")
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         if spec.normalizer != "softmax":  # the closed form is softmax's Jacobian
             return {}
         # Only sample here; the norms of every layer's rows come from one batched bisection at log time.
-        rows = sample_rows(weights, allowed, self.rows, generator=self._generator)
+        generator = self._val_generator if self._phase == VAL else self._generator
+        rows = sample_rows(weights, allowed, self.rows, generator=generator)
         self._pending.setdefault(self._phase, []).append((layer, rows, spec.temperature))
         return {}
 

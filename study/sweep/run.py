@@ -22,7 +22,7 @@ from typing import Any
 from study import tags
 from study.checkpoints import checkpoint_step
 from study.errors import one_line
-from study.report.read import dotted_get, read_json
+from study.report.read import dotted_get, read_json, read_scalars
 from study.sweep.lock import RunBusy, RunLock
 from study.sweep.spec import Plan, Run
 
@@ -125,6 +125,40 @@ def _max_steps(run: Run) -> int | None:
     except (TypeError, ValueError):
         return None
     return value if value > 0 else None  # -1: no step limit
+
+
+def _tag(run: Run, tag: str) -> str:
+    return tags.pretrain(tag) if run.index == "pretrain" else tag
+
+
+def _validates_after(run: Run, step: int) -> bool:
+    """True if the run validates right after the optimizer step that brings it to ``step`` (an integer
+    `val_check_interval` of training batches, as the sweeps set it)."""
+    interval = dotted_get(run.resolved, "trainer.val_check_interval")
+    return isinstance(interval, int) and not isinstance(interval, bool) and interval > 0 and step % interval == 0
+
+
+def _validated_at(run: Run, step: int, logged: dict) -> bool:
+    return any(s == step - 1 for s, _ in logged.get(_tag(run, tags.VAL_LOSS), []))
+
+
+def _logs_lost_before(run: Run, step: int, logged: dict) -> str | None:
+    """Why the logs on disk miss something the run logged before resuming at ``step``: the training loss of the
+    last logging step before it (logged at the steps s with (s + 1) % log_every_n_steps == 0), or the validation
+    that follows the checkpoint's own step; None when nothing is missing."""
+    try:
+        every = int(dotted_get(run.resolved, "trainer.log_every_n_steps", 50))
+    except (TypeError, ValueError):
+        every = 0
+    if every > 0 and step >= every:
+        expected = step // every * every - 1
+        tag = _tag(run, tags.TRAIN_LOSS)
+        last = max((s for s, _ in logged.get(tag, [])), default=None)
+        if last is None or last < expected:
+            return f"{tag} logged through step {last}, step {expected} missing"
+    if _validates_after(run, step) and not _validated_at(run, step, logged):
+        return f"the validation after step {step - 1} is not logged"
+    return None
 
 
 # ---- one run, in this process ---------------------------------------------------------------------------------
@@ -243,6 +277,19 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         notes = [*notes, f"{resume.name} holds the whole training (step {step}) but the run was stopped before it "
                  "logged and recorded its end: starting over"]
         resume, step = None, None
+    purge = step
+    if resume is not None:
+        logged = read_scalars(run.dir)
+        if lost := _logs_lost_before(run, step, logged):
+            # Lightning logs the step that writes a checkpoint (and runs its validation) after writing it; a kill
+            # in between loses those logs, and a resumed attempt starts after them. Seeded, the run starting over
+            # rebuilds them exactly.
+            notes = [*notes, f"{resume.name} is at step {step} but the logs end before it ({lost}): starting over"]
+            resume, step = None, None
+        elif _validated_at(run, step, logged):
+            # The validation after the checkpoint's step is logged (the monitors' at the checkpoint's step) and the
+            # resumed attempt does not run it again: keep step `step`, purge from the next one.
+            purge = step + 1
     status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
     for note in status["notes"]:
         if is_rank_zero():
@@ -250,7 +297,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     write_status(run.dir, status)
     start = time.perf_counter()
     # steps logged after the checkpoint (or by an attempt with no usable checkpoint) are dropped from TensorBoard
-    purge = step if resume else (0 if list(run.dir.glob("events.out.tfevents.*")) else None)
+    purge = purge if resume else (0 if list(run.dir.glob("events.out.tfevents.*")) else None)
     args = list(run.args) + ([f"--trainer.logger.init_args.purge_step={purge}"] if purge is not None else [])
     cli = None
     try:

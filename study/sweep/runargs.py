@@ -20,6 +20,7 @@ GUARD_CLASS = "study.callbacks.nonfinite.NonFiniteGuard"
 # its class name (e.g. `trainer.callbacks.AttentionMapMonitor.layers: [0, 1]` for a smaller model than the base's).
 CALLBACK_PREFIX = "trainer.callbacks."
 CHECKPOINT_CLASS = "lightning.pytorch.callbacks.ModelCheckpoint"
+FLUSH_CLASS = "study.callbacks.logflush.LogFlush"
 
 
 def _cli_value(value: Any) -> str:
@@ -147,6 +148,8 @@ class RunArgs:
             if self.guard.get("enabled", True):
                 init_args = {k: v for k, v in self.guard.items() if k != "enabled"}
                 callbacks.append({"class_path": GUARD_CLASS, "init_args": init_args})
+        # Logs on disk up to each checkpoint, before any extra callback may stop the process (study.callbacks.logflush)
+        callbacks.append({"class_path": FLUSH_CLASS})
         callbacks.extend(copy.deepcopy(self.extra_callbacks))
         return callbacks
 

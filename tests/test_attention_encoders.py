@@ -17,8 +17,8 @@ from transformers import BertConfig, BertModel, ViTConfig, ViTModel
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules, tapping
 from study.callbacks import (
     AttentionEntropyMonitor,
-    AttentionMapMonitor,
     AttentionJacobianMonitor,
+    AttentionMapMonitor,
     GradientNormMonitor,
     NormalizerParameterMonitor,
     SelectionUniformityMonitor,

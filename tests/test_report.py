@@ -174,8 +174,8 @@ def test_figures_show_their_data(tmp_path, monkeypatch):
     import matplotlib.colors
 
     from study.report import figures as F
-    from study.report import summary as S
     from study.report import sources as report_tags
+    from study.report import summary as S
     from study.report.summary import Summary
 
     drawn = {}

@@ -219,6 +219,18 @@ def test_top1_runs_are_counted_once():
     assert sorted(top1[0].same_as) == ["T0.01_k1_softmax_s0", "T0.1_k1_softmax_s0"]
 
 
+def test_spikes_are_read_on_the_fixed_batch_when_a_run_logged_it(tmp_path):
+    from study.report.read import RunData
+
+    noisy_train = [(i, v) for i, v in enumerate([4.0, 4.1, 7.0, 4.0])]  # one hard training batch
+    steady = [(i, 4.0 - 0.1 * i) for i in range(4)]
+    both = RunData("r", tmp_path, {"temperature": 1.0}, {"state": "finished"}, {},
+                   {"train/loss": noisy_train, "train/fixed_batch_loss": steady})  # fmt: skip
+    assert S.summarize(both).values[S.SPIKES] == 0
+    only_train = RunData("r", tmp_path, {"temperature": 1.0}, {"state": "finished"}, {}, {"train/loss": noisy_train})
+    assert S.summarize(only_train).values[S.SPIKES] == 1
+
+
 def test_spikes_are_judged_against_a_running_median():
     noisy = [(i, v) for i, v in enumerate([5.0, 4.0, 4.4, 3.9, 4.6, 3.8, 4.5])]  # batch noise of about 20%
     assert S.count_spikes(noisy) == 0

@@ -323,7 +323,7 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
         value = (f"largest stable lr T={fmt(t_low)}: {fmt(largest_stable_lr(low))}, T={fmt(t_ref)}: "
                  f"{fmt(largest_stable_lr(ref))}; lr unstable only at T={fmt(t_low)}: "
                  f"{', '.join(fmt(lr) for lr in only_low) or 'none'}; only at T={fmt(t_ref)}: "
-                 f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} ({'/'.join(map(str, seeds))} runs per cell)")  # fmt: skip
+                 f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} (runs per cell: {'/'.join(map(str, seeds))})")  # fmt: skip
         out.append(
             Finding(
                 f"6. low temperature lowers the largest stable learning rate ({optimizer})",

@@ -197,6 +197,11 @@ def test_arms_are_not_pooled_into_the_main_findings():
         r.optimizer, r.learning_rate = "sgd", 0.1
     assert F.main_arm(main + sgd) == main
     assert F.slope_finding("x", "s", F.k_all(F.main_arm(main + sgd)), S.GRAD_QK).verdict == SUPPORTED
+    from study.report.build import report_text
+
+    text = report_text("x", "x", main + sgd, main + sgd, {}, None, [])
+    assert "The findings use the main arm (adamw, learning rate -: 9 runs); the 3 runs of the other arms" in text
+    assert "main arm" not in report_text("x", "x", main, main, {}, None, [])
 
 
 # ---- sanity checks and identical runs --------------------------------------------------------------------------

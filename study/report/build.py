@@ -14,6 +14,7 @@ from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import depth_statement, findings, main_arm, sanity_checks
 from study.report.read import load_sweep, read_json
+from study.report.stats import fmt
 from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
@@ -59,7 +60,9 @@ def report_text(
             states[s.state] = states.get(s.state, 0) + 1
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
-    others = other_axes(main_arm(all_runs))
+    main = main_arm(all_runs)
+    others = other_axes(main)
+    arms = len(all_runs) - len(main)
     parts = [
         f"# Sweep report: {title}",
         "",
@@ -69,6 +72,12 @@ def report_text(
         "",
         "## Findings",
         "",
+        *(
+            [f"The findings use the main arm ({main[0].optimizer}, learning rate {fmt(main[0].learning_rate)}: "
+             f"{len(main)} runs); the {arms} runs of the other arms enter only the stability table and the "
+             "learning-rate finding.", ""]
+            if arms and main else []
+        ),
         *(
             [f"Caution: these runs also vary {', '.join(f'`{k}`' for k in others)}. The findings pool the runs of one "
              "temperature and top-k as replicates across those values; sweep them apart to judge each value.", ""]

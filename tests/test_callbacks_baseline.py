@@ -48,25 +48,3 @@ def test_a_seeded_baseline_runs_only_in_runs_of_that_seed(tmp_path, monkeypatch)
     assert [s for s, _ in scalars(tmp_path / "mine")["val/loss"]] == [0, 1]
     with pytest.raises(ValueError, match="seed must be None or an integer, got '0'"):
         BaselineValidation(seed="0")
-
-
-def test_fixed_batch_loss_is_the_first_validation_batch_at_every_step(tmp_path):
-    from study.callbacks import FixedBatchLoss
-
-    reference = module()
-    first = next(iter(token_loader(seed=1, vocab=64)))
-    reference.eval()
-    with torch.no_grad():
-        step0 = float(reference.loss(first))
-    trained = module()
-    trained.model.train()
-    make_trainer(tmp_path, [FixedBatchLoss(every_n_steps=2)], max_steps=4).fit(
-        trained, token_loader(n=8, vocab=64), token_loader(seed=1, vocab=64)
-    )
-    logged = scalars(tmp_path)["train/fixed_batch_loss"]
-    assert [s for s, _ in logged] == [0, 2, 4]
-    assert logged[0][1] == pytest.approx(step0, rel=1e-6)
-    assert logged[-1][1] != pytest.approx(logged[0][1], rel=1e-4)  # the same batch, moved weights
-    assert trained.model.training  # train mode restored
-    with pytest.raises(ValueError, match="every_n_steps must be an integer >= 1, got 0"):
-        FixedBatchLoss(every_n_steps=0)

@@ -335,3 +335,14 @@ def test_a_baseline_validated_once_per_setting_is_shared_by_its_seeds():
     runs = [with_loss(0.01, 0, 7.4, 4.0), run(0.01, 1), run(0.1, 1), run(0.01, 1, k=8)]
     S.share_baselines(runs)
     assert [r.values.get(S.VAL_LOSS_BASELINE) for r in runs] == [7.4, 7.4, None, None]
+
+
+def test_per_layer_table_says_why_it_is_empty():
+    from study.report.markdown import layer_table
+
+    assert "No per-layer gradient norms were logged" in layer_table([run(t, 0) for t in TEMPS])
+    one_t = [r for r in layered(lambda crossed: -1.0) if r.temperature == 1.0]
+    assert "fewer than 2 temperatures" in layer_table(one_t)
+    table = layer_table(layered(lambda crossed: -1.0))
+    assert table.splitlines()[0] == "| layer | low-T layers crossed | slope W_q,W_k | slope W_v |"
+    assert table.splitlines()[2].startswith("| 0 | 6 | -1")

@@ -86,6 +86,8 @@ def layer_table(summaries: list[Summary]) -> str:
     from the per-T geometric means over seeds; the depth findings carry the intervals)."""
     slopes = layer_slopes(summaries)
     if not slopes:
+        if any(s.layer_grads for s in k_all(main_arm(summaries))):
+            return "Per-layer gradient norms were logged at fewer than 2 temperatures: no slope against T."
         return "No per-layer gradient norms were logged (GradientNormMonitor `by: [block_kind]`)."
     groups = list(slopes)
     layers = sorted({layer for by_layer in slopes.values() for layer in by_layer})

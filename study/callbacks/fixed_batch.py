@@ -50,7 +50,7 @@ class FixedBatchLoss(Callback):
         if loader is None:
             raise ValueError("FixedBatchLoss needs a validation dataloader to take its batch from")
         self._batch = pl_module.transfer_batch_to_device(next(iter(loader)), pl_module.device, 0)
-        self._log(trainer, pl_module, step=0)
+        self._log(trainer, pl_module, step=trainer.global_step)  # 0, or a resumed run's step (its weights now)
 
     @override
     def on_train_batch_end(

@@ -140,13 +140,14 @@ class CausalLMModule(L.LightningModule):
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         return self.model(input_ids=input_ids, **kwargs)
 
-    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The language-model loss of a batch (what training and validation average; `FixedBatchLoss` calls it)."""
         ids = batch["input_ids"]
         return self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss
 
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         ppl = torch.exp(loss.detach().float().clamp(max=50))
         self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
         self.log(tags.TRAIN_PPL, ppl)
@@ -156,7 +157,7 @@ class CausalLMModule(L.LightningModule):
 
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         # Token-weighted mean, synchronised across processes by torchmetrics.
         self.val_loss.update(loss, weight=batch["input_ids"].numel())
 

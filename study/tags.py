@@ -36,6 +36,7 @@ def pretrain(tag: str) -> str:
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"
+FIXED_BATCH_LOSS = "train/fixed_batch_loss"  # FixedBatchLoss: one held-out batch, the same at every step
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
 

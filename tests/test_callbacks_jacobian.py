@@ -1,5 +1,5 @@
-"""AttentionJacobianMonitor: spectral norm and largest entry of the softmax Jacobian against autograd, the tags
-beside 1/(4T) and 1/(2T), and the entrywise Corollary 3 (true by mathematics) against its spectral misreading."""
+"""AttentionJacobianMonitor: spectral norm and largest entry of the softmax Jacobian against autograd, and the tags
+beside 1/(4T) and 1/(2T) (the entrywise Corollary 3 itself: tests/test_metrics_attention.py)."""
 
 import math
 
@@ -10,7 +10,6 @@ from study.attention import AttentionSpec, causal_allowed
 from study.callbacks import AttentionJacobianMonitor, GradientNormMonitor
 from study.callbacks.base import TRAIN
 from study.callbacks.jacobian import NEAR_BOUND
-from study.metrics import softmax_jacobian_max_entry, softmax_jacobian_norm
 from tests.callback_helpers import LlamaModule, PlainAttention, make_trainer, scalars, token_loader
 
 
@@ -45,28 +44,6 @@ def test_jacobian_equals_autograd():
     assert sums["entry_ratio_max"].item() == pytest.approx(ratio.max().item(), rel=1e-6)
     assert sums["near_quarter"].item() == (ratio >= NEAR_BOUND).sum().item()
     assert spectral.max() <= 1 / (2 * temperature) + 1e-6
-
-
-@pytest.mark.parametrize("temperature", [0.01, 0.3, 2.0])
-def test_corollary_3_holds_entrywise_and_fails_as_a_spectral_norm(temperature):
-    """Every entry of (1/T)(diag(a) - a a^T) is at most 1/(4T), whatever the row; its spectral norm reaches 1/(2T)
-    at a = (1/2, 1/2), so the spectral reading of the bound is false by mathematics."""
-    torch.manual_seed(1)
-    rows = torch.softmax(torch.randn(500, 9, dtype=torch.float64) * 4, -1)
-    rows = torch.cat([rows, torch.tensor([[0.5, 0.5] + [0.0] * 7], dtype=torch.float64)])
-    entries = softmax_jacobian_max_entry(rows, temperature)
-    brute = torch.stack([autograd_jacobian(torch.log(r.clamp(min=1e-300)) * temperature, temperature).abs().max()
-                         for r in rows[:20]])  # fmt: skip
-    torch.testing.assert_close(entries[:20], brute, rtol=1e-9, atol=1e-12)
-    assert (entries <= 1 / (4 * temperature) * (1 + 1e-12)).all()
-    assert entries[-1].item() == pytest.approx(1 / (4 * temperature))  # the two-key row reaches it exactly
-    spectral = softmax_jacobian_norm(rows[-1:], temperature)
-    assert spectral.item() == pytest.approx(1 / (2 * temperature))  # twice the entrywise bound
-
-
-def test_max_entry_rejects_a_bad_temperature():
-    with pytest.raises(ValueError, match="temperature must be > 0, got 0"):
-        softmax_jacobian_max_entry(torch.ones(1, 2) / 2, 0)
 
 
 def test_bad_row_count_is_refused():

@@ -15,6 +15,7 @@ from study.metrics.attention import (
     row_entropy,
     sample_rows,
     selection_uniformity,
+    softmax_jacobian_max_entry,
     softmax_jacobian_norm,
     summarize_rows,
     topk_mass,
@@ -347,3 +348,29 @@ def test_selection_entropy_is_monotone_in_k_for_a_fixed_row_and_log_k_when_unifo
     assert (values.diff(dim=0) >= -1e-6).all()  # the sanity check the report runs: true by construction
     uniform = torch.full((1, 8), 1 / 8)
     torch.testing.assert_close(selection_entropy(uniform, torch.ones(1, 8, dtype=torch.bool), 4), torch.tensor([math.log(4)]))
+
+
+def _softmax_jacobian(row: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.autograd.functional.jacobian(lambda x: torch.softmax(x / temperature, -1), row.to(torch.float64))
+
+
+@pytest.mark.parametrize("temperature", [0.01, 0.3, 2.0])
+def test_corollary_3_holds_entrywise_and_fails_as_a_spectral_norm(temperature):
+    """Every entry of (1/T)(diag(a) - a a^T) is at most 1/(4T), whatever the row; its spectral norm reaches 1/(2T)
+    at a = (1/2, 1/2), so the spectral reading of the bound is false by mathematics."""
+    torch.manual_seed(1)
+    rows = torch.softmax(torch.randn(500, 9, dtype=torch.float64) * 4, -1)
+    rows = torch.cat([rows, torch.tensor([[0.5, 0.5] + [0.0] * 7], dtype=torch.float64)])
+    entries = softmax_jacobian_max_entry(rows, temperature)
+    brute = torch.stack([_softmax_jacobian(torch.log(r.clamp(min=1e-300)) * temperature, temperature).abs().max()
+                         for r in rows[:20]])  # fmt: skip
+    torch.testing.assert_close(entries[:20], brute, rtol=1e-9, atol=1e-12)
+    assert (entries <= 1 / (4 * temperature) * (1 + 1e-12)).all()
+    assert entries[-1].item() == pytest.approx(1 / (4 * temperature))  # the two-key row reaches it exactly
+    spectral = softmax_jacobian_norm(rows[-1:], temperature)
+    assert spectral.item() == pytest.approx(1 / (2 * temperature))  # twice the entrywise bound
+
+
+def test_max_entry_rejects_a_bad_temperature():
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0"):
+        softmax_jacobian_max_entry(torch.ones(1, 2) / 2, 0)

@@ -82,7 +82,7 @@ def test_validation_loss_is_token_weighted_mean():
     for batch in loader:
         with torch.no_grad():
             module.validation_step(batch, 0)
-            loss = module._loss(batch)
+            loss = module.loss(batch)
         expected_num += loss.item() * batch["input_ids"].numel()
         expected_den += batch["input_ids"].numel()
     assert module.val_loss.compute().item() == pytest.approx(expected_num / expected_den, rel=1e-6)

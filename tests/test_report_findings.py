@@ -187,6 +187,11 @@ def test_arms_are_not_pooled_into_the_main_findings():
         r.optimizer, r.learning_rate = "sgd", 0.1
     assert F.main_arm(main + sgd) == main
     assert F.slope_finding("x", "s", F.k_all(F.main_arm(main + sgd)), S.GRAD_QK).verdict == SUPPORTED
+    from study.report.build import report_text
+
+    text = report_text("x", "x", main + sgd, main + sgd, {}, None, [])
+    assert "The findings use the main arm (adamw, learning rate -: 9 runs); the 3 runs of the other arms" in text
+    assert "main arm" not in report_text("x", "x", main, main, {}, None, [])
 
 
 # ---- sanity checks and identical runs --------------------------------------------------------------------------
@@ -207,6 +212,18 @@ def test_top1_runs_are_counted_once():
     top1 = [r for r in kept if r.top_k == 1]
     assert len(kept) == 5 and {r.temperature for r in top1} == {1.0}
     assert sorted(top1[0].same_as) == ["T0.01_k1_softmax_s0", "T0.1_k1_softmax_s0"]
+
+
+def test_spikes_are_read_on_the_fixed_batch_when_a_run_logged_it(tmp_path):
+    from study.report.read import RunData
+
+    noisy_train = [(i, v) for i, v in enumerate([4.0, 4.1, 7.0, 4.0])]  # one hard training batch
+    steady = [(i, 4.0 - 0.1 * i) for i in range(4)]
+    both = RunData("r", tmp_path, {"temperature": 1.0}, {"state": "finished"}, {},
+                   {"train/loss": noisy_train, "train/fixed_batch_loss": steady})  # fmt: skip
+    assert S.summarize(both).values[S.SPIKES] == 0
+    only_train = RunData("r", tmp_path, {"temperature": 1.0}, {"state": "finished"}, {}, {"train/loss": noisy_train})
+    assert S.summarize(only_train).values[S.SPIKES] == 1
 
 
 def test_spikes_are_judged_against_a_running_median():
@@ -308,3 +325,14 @@ def test_a_baseline_validated_once_per_setting_is_shared_by_its_seeds():
     runs = [with_loss(0.01, 0, 7.4, 4.0), run(0.01, 1), run(0.1, 1), run(0.01, 1, k=8)]
     S.share_baselines(runs)
     assert [r.values.get(S.VAL_LOSS_BASELINE) for r in runs] == [7.4, 7.4, None, None]
+
+
+def test_per_layer_table_says_why_it_is_empty():
+    from study.report.markdown import layer_table
+
+    assert "No per-layer gradient norms were logged" in layer_table([run(t, 0) for t in TEMPS])
+    one_t = [r for r in layered(lambda crossed: -1.0) if r.temperature == 1.0]
+    assert "fewer than 2 temperatures" in layer_table(one_t)
+    table = layer_table(layered(lambda crossed: -1.0))
+    assert table.splitlines()[0] == "| layer | low-T layers crossed | slope W_q,W_k | slope W_v |"
+    assert table.splitlines()[2].startswith("| 0 | 6 | -1")

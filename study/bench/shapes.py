@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MONITOR_NAMES = ("AttentionEntropyMonitor", "SelectionUniformityMonitor", "GradientNormMonitor", "AttentionMapMonitor")
+MONITOR_NAMES = ("AttentionEntropyMonitor", "SelectionUniformityMonitor", "GradientNormMonitor", "AttentionJacobianMonitor",
+                 "AttentionMapMonitor")
 H100_BF16_PEAK_FLOPS = 989e12
 
 

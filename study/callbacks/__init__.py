@@ -6,6 +6,7 @@ Public API:
     GradientNormMonitor         gradient norms before/after clipping, per block, per kind, per block and kind
     AttentionJacobianMonitor    softmax Jacobian of sampled rows: spectral norm, largest entry x 4T, saturated rows
     BaselineValidation          a validation epoch at step 0: the frozen model under the new attention
+    FixedBatchLoss              the loss on one held-out batch, the same at every logged step (spikes without noise)
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
     NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf
     NormalizerParameterMonitor  learnable normaliser parameters (SSMax s, entmax alpha) per layer
@@ -30,6 +31,7 @@ Example::
 from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.baseline import BaselineValidation
+from study.callbacks.fixed_batch import FixedBatchLoss
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.jacobian import AttentionJacobianMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
@@ -42,6 +44,7 @@ __all__ = [
     "AttentionJacobianMonitor",
     "AttentionMapMonitor",
     "BaselineValidation",
+    "FixedBatchLoss",
     "GradientNormMonitor",
     "NonFiniteGuard",
     "NormalizerParameterMonitor",

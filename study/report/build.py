@@ -19,7 +19,7 @@ from study.report.probe import draw_layers
 from study.report.probe import section as probe_section
 from study.report.read import load_sweep, read_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
-from study.report.stats import Family, family_level, simultaneous
+from study.report.stats import Family, family_level, fmt, simultaneous
 from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
@@ -89,7 +89,9 @@ def report_text(
     states = run_states(all_runs, not_counted)
     merged = sum(len(s.same_as) for s in all_runs)
     normalizers = sorted({s.normalizer for s in all_runs})
-    others = other_axes(main_arm(all_runs))
+    main = main_arm(all_runs)
+    others = other_axes(main)
+    arms = len(all_runs) - len(main)
     parts = [
         f"# Sweep report: {title}",
         "",
@@ -111,6 +113,10 @@ def report_text(
              + ", ".join(f"`{s.name}` {s.state}" for s in not_counted)
              + "); their partial logs are in no finding, figure or table below but `Runs`.", ""]
             if not_counted else []
+            [f"The findings use the main arm ({main[0].optimizer}, learning rate {fmt(main[0].learning_rate)}: "
+             f"{len(main)} runs); the {arms} runs of the other arms enter only the stability table and the "
+             "learning-rate finding.", ""]
+            if arms and main else []
         ),
         *(
             [f"Caution: these runs also vary {', '.join(f'`{k}`' for k in others)}. The findings pool the runs of one "

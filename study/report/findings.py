@@ -334,7 +334,7 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
         value = (f"largest stable lr T={fmt(t_low)}: {fmt(largest_stable_lr(low))}, T={fmt(t_ref)}: "
                  f"{fmt(largest_stable_lr(ref))}; lr unstable only at T={fmt(t_low)}: "
                  f"{', '.join(fmt(lr) for lr in only_low) or 'none'}; only at T={fmt(t_ref)}: "
-                 f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} ({'/'.join(map(str, seeds))} runs per cell)")  # fmt: skip
+                 f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} (runs per cell: {'/'.join(map(str, seeds))})")  # fmt: skip
         out.append(
             Finding(
                 f"6. low temperature lowers the largest stable learning rate ({optimizer})",
@@ -399,8 +399,12 @@ def depth_trends(runs: list[Summary], group: str) -> list[float]:
 
 def depth_findings(summaries: list[Summary]) -> list[Finding]:
     """One per parameter group logged per layer: does the T-slope steepen with the low-T layers crossed?"""
+    return list(depth_findings_by_group(summaries).values())
+
+
+def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
     runs = k_all(main_arm(summaries))
-    out = []
+    out = {}
     for group in S.LAYER_GROUPS:
         if not any(s.layer_grads.get(group) for s in runs):
             continue
@@ -414,7 +418,7 @@ def depth_findings(summaries: list[Summary]) -> list[Finding]:
             lambda trends=trends: mean_interval(trends, what="seeds"),
         )
         finding.paper_value, finding.experiment = "not a claim of the paper (its 1/T is per layer)", "training"
-        out.append(finding)
+        out[group] = finding
     return out
 
 
@@ -434,7 +438,7 @@ def last_layer_finding(summaries: list[Summary]) -> Finding | None:
 
 def depth_statement(summaries: list[Summary]) -> str:
     """What the per-layer data say, in one sentence, from the depth findings' verdicts."""
-    found = {f.claim.split("the ")[1].split(" gradient")[0]: f.verdict for f in depth_findings(summaries)}
+    found = {group: f.verdict for group, f in depth_findings_by_group(summaries).items()}
     if not found:
         return "No per-layer gradient norms were logged (GradientNormMonitor `by: [block_kind]`)."
     steeper = [g for g, v in found.items() if v == SUPPORTED]

@@ -81,6 +81,8 @@ def layer_table(summaries: list[Summary]) -> str:
     from the per-T geometric means over seeds; the depth findings carry the intervals)."""
     slopes = layer_slopes(summaries)
     if not slopes:
+        if any(s.layer_grads for s in k_all(main_arm(summaries))):
+            return "Per-layer gradient norms were logged at fewer than 2 temperatures: no slope against T."
         return "No per-layer gradient norms were logged (GradientNormMonitor `by: [block_kind]`)."
     groups = list(slopes)
     layers = sorted({layer for by_layer in slopes.values() for layer in by_layer})
@@ -160,8 +162,9 @@ def definitions() -> str:
         f"{percent(CONFIDENCE)}; the per-temperature table's cells are descriptive {percent(CONFIDENCE)} intervals, "
         f"outside the family. Fewer than {MIN_REPLICATES} replicates per group gives no interval and an inconclusive "
         "verdict. "
-        f"A loss spike is a logged `{sources.TRAIN_LOSS}` above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} "
-        "logged before it (or non-finite); "
+        f"A loss spike is a logged `{sources.FIXED_BATCH_LOSS}` (one held-out batch, where logged; else "
+        f"`{sources.TRAIN_LOSS}`) above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} logged before it (or "
+        "non-finite); "
         "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
         "See docs/findings.md for each finding's null, statistic and rule."

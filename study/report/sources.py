@@ -8,6 +8,7 @@ from __future__ import annotations
 from study import tags as t
 
 TRAIN_LOSS, VAL_LOSS, VAL_PPL = t.TRAIN_LOSS, t.VAL_LOSS, t.VAL_PPL
+FIXED_BATCH_LOSS = t.FIXED_BATCH_LOSS  # FixedBatchLoss: spikes are judged on it when a run logged it
 
 # AttentionEntropyMonitor / SelectionUniformityMonitor, aggregated over each validation epoch (held-out text,
 # every row, mean over layers and heads): the state of attention at the end of a run, measured the same way for

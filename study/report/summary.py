@@ -205,7 +205,7 @@ def _values(run: RunData) -> dict[str, Any]:
         SELECTION_FINAL: final_sel,
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
-        SPIKES: count_spikes(run.series(sources.TRAIN_LOSS)),
+        SPIKES: count_spikes(run.series(sources.FIXED_BATCH_LOSS) or run.series(sources.TRAIN_LOSS)),
     }
 
 

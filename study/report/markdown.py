@@ -155,7 +155,7 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
 
 def definitions() -> str:
     return (
-        "Intervals: Student's t over runs (seeds) of a setting or over the probe's text batches (one slope per batch), "
+        "Intervals: Student's t over runs (seeds) of a setting or over the probe's and the analysis's independent text windows (one slope per window), "
         "Welch's t for a difference of two groups, and for a slope over seeds a Welch-Satterthwaite t on the contrast "
         "of the per-T mean logs (study/report/stats.py says why). The findings are one family: each interval is at "
         f"the Bonferroni level in the table's header (and under the scorecard), so that all cover together with probability >= "

@@ -2,10 +2,12 @@
 
     study bench [--quick] [--quiet] [--out DIR] [--models small,gpt2-vocab,smollm2] [--peak-flops 989e12] [--parity]
     study bench --gpu-suite       the prepared GPU command (GPT-2 124M at L = 512, 1024, 2048; parity; MFU)
+    study bench --lengths 512,1024,2048,4096,8192   the length sweep alone (`lengths`): memory and time of
+                                  stock SDPA, the dense and the blockwise explicit path on SmolLM2's shape
     python scripts/bench.py ...   (the same)
 
 Modules: `shapes` (what is measured), `timing` (interleaved Lightning steps), `memory` (peak of one step),
-`parity` (every path against stock), `budgets` (ratios and verdicts), `run` (all of it), `markdown` (the
+`parity` (every path against stock), `lengths` (the length sweep), `budgets` (ratios and verdicts), `run` (all of it), `markdown` (the
 tables), `cli` (arguments).
 
 What is measured, in ONE process:

@@ -10,7 +10,7 @@ backward of:
 for three paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
 (one (B, H, L, L) fp32 score tensor, `BlockwiseSettings.min_scores` set out of reach) and the blockwise explicit
 path (forced on at any L), under top-k and sparsemax. The dense path is skipped above ``dense_max_length``: at
-L = 8192 it would need about 16-21 GB for one call.
+L = 8192 it would need about 16-22 GB for one call.
 
 Memory: on a CPU, the peak of the running sum of `torch.profiler`'s allocation events during the forward and
 backward pass (tensor bytes live at once above what lived before: the inputs and parameters are not counted); on

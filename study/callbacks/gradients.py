@@ -53,10 +53,6 @@ class GradientNormMonitor(Callback):
         trainer = L.Trainer(gradient_clip_val=1.0, callbacks=[GradientNormMonitor(every_n_steps=10)])
     """
 
-    # It samples ``jacobian_rows`` rows per attention call: blocks of rows would multiply the sample and favour
-    # the last, shorter block, so its calls keep the dense explicit path.
-    row_blocks = False
-
     def __init__(
         self,
         every_n_steps: int = 50,

@@ -55,6 +55,10 @@ class AttentionJacobianMonitor(TapMonitor):
         trainer = L.Trainer(callbacks=[AttentionJacobianMonitor(every_n_steps=10, rows=16)])
     """
 
+    # It samples ``rows`` rows per attention call: blocks of rows would multiply the sample and favour the last,
+    # shorter block, so its calls keep the dense explicit path.
+    row_blocks = False
+
     def __init__(self, every_n_steps: int = 50, validation: bool = True, rows: int = 16, seed: int = 0) -> None:
         super().__init__(every_n_steps, validation)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:

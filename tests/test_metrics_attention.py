@@ -347,3 +347,20 @@ def test_selection_entropy_is_monotone_in_k_for_a_fixed_row_and_log_k_when_unifo
     assert (values.diff(dim=0) >= -1e-6).all()  # the sanity check the report runs: true by construction
     uniform = torch.full((1, 8), 1 / 8)
     torch.testing.assert_close(selection_entropy(uniform, torch.ones(1, 8, dtype=torch.bool), 4), torch.tensor([math.log(4)]))
+
+
+def test_softmax_jacobian_max_entry_is_the_largest_entry_and_at_most_a_quarter_over_t():
+    """Corollary 3 entrywise: brute force over the full Jacobian (1/T)(diag a - a a^T); at most 1/(4T) on every
+    row, reached at a = (1/2, 1/2), where the spectral norm is 1/(2T) (the bound fails as a spectral norm)."""
+    from study.metrics import softmax_jacobian_max_entry, softmax_jacobian_norm
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.softmax(torch.randn(50, 7, generator=gen, dtype=torch.float64) * 3, dim=-1)
+    for temperature in (0.01, 1.0):
+        jac = (torch.diag_embed(rows) - rows[:, :, None] * rows[:, None, :]) / temperature
+        brute = jac.abs().amax((-1, -2))
+        assert torch.allclose(softmax_jacobian_max_entry(rows, temperature), brute)
+        assert (brute * 4 * temperature <= 1 + 1e-12).all()
+    half = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    assert softmax_jacobian_max_entry(half, 0.1).item() == pytest.approx(1 / (4 * 0.1))
+    assert softmax_jacobian_norm(half, 0.1).item() == pytest.approx(1 / (2 * 0.1))

@@ -10,6 +10,7 @@ import pytest
 
 from study.report import findings as F
 from study.report import probe as P
+from study.report.probe_section import section
 from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
 
 TEMPS = (0.001, 0.003, 0.01, 0.03, 0.1, 1.0, 10.0)
@@ -105,11 +106,11 @@ def test_depth_compounding_is_described_for_every_parameter_type():
 
 def test_section_has_the_tables_and_draws_the_figure(tmp_path):
     data = probe(single(0, -1.0), single(3, -0.5))
-    lines = "\n".join(P.section(data, P.draw_layers(data, tmp_path) and P.FIGURE))
+    lines = "\n".join(section(data, P.draw_layers(data, tmp_path) and P.FIGURE))
     assert (tmp_path / P.FIGURE).stat().st_size > 1000
     for heading in ("## Probe (frozen model, no training)", "### Local slopes", "### fp32 against the fp64 reference",
                     "### Corollary 3 entrywise", "### Per-layer slopes against T"):  # fmt: skip
         assert heading in lines, heading
     assert "| 0.001 - 0.003 (regime) | -4 | -1 | -0.5 |" in lines
     assert "| 1 - 10 | -4 | -1 | -0.5 |" in lines
-    assert P.section(None) == []
+    assert section(None) == []

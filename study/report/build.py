@@ -14,7 +14,7 @@ from study.report import tags
 from study.report.figures import figures, normalizers
 from study.report.findings import findings, sanity_checks
 from study.report.probe import draw_layers
-from study.report.probe import section as probe_section
+from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_json
 from study.report.summary import Summary, dedupe, summarize
 

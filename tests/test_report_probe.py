@@ -96,7 +96,7 @@ def test_local_slopes_and_per_layer_slopes():
 def test_depth_compounding_is_described_for_every_parameter_type():
     text = P.depth_statement(P.layer_slopes(probe(layers=4)))
     assert "layer 0 grows like T^-4" in text and "layer 3 like T^-1" in text and "(1 per layer of depth)" in text
-    assert "gradients compound through depth" in text and "nothing there is specific to the attention logits" in text
+    assert "the steeper its slope: gradients compound through depth" in text and "nothing there is specific to the attention logits" in text
     flat = probe(layers=4)
     for r in flat["results"]:
         for kind in r["layers"]:
@@ -114,3 +114,13 @@ def test_section_has_the_tables_and_draws_the_figure(tmp_path):
     assert "| 0.001 - 0.003 (regime) | -4 | -1 | -0.5 |" in lines
     assert "| 1 - 10 | -4 | -1 | -0.5 |" in lines
     assert section(None) == []
+
+
+def test_every_layer_description_leaves_out_temperatures_where_fp32_is_unreliable():
+    data = probe(layers=4)
+    first = data["results"][0]  # T = 0.001
+    first["fp64"] = {"grad_attn_qk": [w["grad_attn_qk"] * 40 for w in first["windows"][:2]]}
+    assert P.described_temperatures(data) == [0.003, 0.01, 0.03, 0.1, 1.0]
+    text = "\n".join(section(data))
+    assert "numerically unreliable at T=0.001 (fp32/fp64 = 0.025)" in text and "fitted on T = 0.003, 0.01" in text
+    assert P.layer_slopes(data)["attn_qk"] == pytest.approx([-4.0, -3.0, -2.0, -1.0])

@@ -105,10 +105,24 @@ def finding(claim: str, statistic: str, value: str, verdict: str, rule: str) -> 
 
 
 # ---- T in every layer: described, not judged --------------------------------------------------------------------
+DESCRIBE_MAX_T = 1.0  # T in every layer is described over T <= this: lowering T from the stock model's
+
+
+def described_temperatures(probe: dict) -> list[float]:
+    """The T over which the every-layer slopes are described: T <= `DESCRIBE_MAX_T`, without those where the fp64
+    reference found the every-layer fp32 gradient numerically unreliable."""
+    bad = {t for t, _ in unreliable(probe["results"], regime_only=False)}
+    return [float(r["temperature"]) for r in probe["results"] if float(r["temperature"]) <= DESCRIBE_MAX_T
+            and float(r["temperature"]) not in bad]  # fmt: skip
+
+
 def layer_slopes(probe: dict) -> dict[str, list[float | None]]:
     """Per parameter type, per layer: the log-log slope of the layer's gradient norm (geometric mean over windows)
-    against T in every layer, over the verdict's regime."""
-    results = [r for r in probe["results"] if float(r["temperature"]) <= REGIME_MAX_T]
+    against T in every layer, over `described_temperatures`."""
+    keep = set(described_temperatures(probe))
+    results = [r for r in probe["results"] if float(r["temperature"]) in keep]
+    if not results:
+        return {}
     ts = [float(r["temperature"]) for r in results]
     out = {}
     for kind in KIND_NAMES:
@@ -137,12 +151,13 @@ def depth_statement(slopes: dict[str, list[float | None]]) -> str:
     layers = len(slopes["attn_qk"])
     text = (f"With T lowered in every layer, the W_q/W_k gradient of layer 0 grows like T^{fmt(first, 3)} and that of "
             f"layer {layers - 1} like T^{fmt(last, 3)} ({fmt(per_layer, 2)} per layer of depth): ")  # fmt: skip
-    if per_layer > 0.02:
-        text += "the fewer low-T layers above a layer, the shallower its slope: gradients compound through depth. "
-    elif per_layer < -0.02:
-        text += "the slope steepens towards the output. "
-    else:
+    if first < last - 0.5 and per_layer > 0.02:
+        text += "the more low-T layers above a layer, the steeper its slope: gradients compound through depth. "
+    elif abs(first - last) <= 0.25 and abs(per_layer) <= 0.02:
         text += "about the same slope at every depth. "
+    else:
+        valid = [v for v in slopes["attn_qk"] if v is not None]
+        text += f"no steady pattern with depth (slopes from {fmt(min(valid), 3)} to {fmt(max(valid), 3)}). "
     controls = {k: depth_trend(v) for k, v in slopes.items() if k != "attn_qk"}
     alike = [k for k, t in controls.items() if t is not None and abs(t[0] - first) <= 0.25 * max(abs(first), 1)]
     if controls:
@@ -174,7 +189,7 @@ def draw_layers(probe: dict, out: Path) -> str | None:
             ax.plot([entry["layer"]], [slope], "k*", ms=12)
     ax.plot([], [], "k*", ms=12, label="W_q, W_k with T in that layer alone")
     ax.axhline(-1, color="grey", lw=1, ls=":", label="1/T")
-    ax.set(xlabel="layer", ylabel=f"log-log slope vs T (T <= {fmt(REGIME_MAX_T)})",
+    ax.set(xlabel="layer", ylabel=f"log-log slope vs T (T = {', '.join(fmt(t) for t in described_temperatures(probe))})",
            title="gradient slope against T, per layer (T lowered in every layer)")
     ax.legend(fontsize=7)
     fig.tight_layout()

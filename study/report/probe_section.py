@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from study.report.markdown import table
 from study.report.probe import (
+    DESCRIBE_MAX_T,
     FP64_TOLERANCE,
     KIND_NAMES,
     REGIME_MAX_T,
     UNRELIABLE,
     depth_statement,
+    described_temperatures,
     fp32_over_fp64,
     layer_slopes,
     local_slopes,
@@ -32,7 +34,8 @@ def section(probe: dict | None, figure: str | None = None) -> list[str]:
              "layer the numbers below are described, not judged.", "", depth_statement(slopes), ""]  # fmt: skip
     if bad := unreliable(results):
         lines += [f"With T in every layer the fp32 gradients are {UNRELIABLE} at " + ", ".join(
-            f"T={fmt(t)} (fp32/fp64 = {fmt(r, 3)})" for t, r in bad) + ": read those slopes as fp32 artefacts.", ""]  # fmt: skip
+            f"T={fmt(t)} (fp32/fp64 = {fmt(r, 3)})" for t, r in bad) + ": the description and the per-layer slopes "
+            "leave those T out; their local slopes are fp32 artefacts.", ""]  # fmt: skip
     columns = ["T pair", "W_q, W_k (every layer)"] + [f"layer {e['layer']} alone" for e in single]
     every = local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in results})
     alone = [local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in e["results"]})
@@ -67,7 +70,9 @@ def section(probe: dict | None, figure: str | None = None) -> list[str]:
     if any(v is not None for values in slopes.values() for v in values):
         layers = len(next(iter(slopes.values())))
         rows = [[str(i)] + [fmt(slopes[k][i], 3) for k in slopes] for i in range(layers)]
-        lines += [f"### Per-layer slopes against T (T in every layer, T <= {fmt(REGIME_MAX_T)})", "",
+        used = ", ".join(fmt(t) for t in described_temperatures(probe))
+        lines += [f"### Per-layer slopes against T (T in every layer; fitted on T = {used}: T <= {fmt(DESCRIBE_MAX_T)} "
+                  "without the T where fp32 was found unreliable)", "",
                   table(["layer"] + [KIND_NAMES[k] for k in slopes], rows), ""]  # fmt: skip
     if figure:
         lines += [f"![probe slopes per layer]({figure})", ""]

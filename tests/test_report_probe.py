@@ -10,6 +10,7 @@ import pytest
 
 from study.report import findings as F
 from study.report import probe as P
+from study.report.probe_section import section
 from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
 
 TEMPS = (0.001, 0.003, 0.01, 0.03, 0.1, 1.0, 10.0)
@@ -95,7 +96,7 @@ def test_local_slopes_and_per_layer_slopes():
 def test_depth_compounding_is_described_for_every_parameter_type():
     text = P.depth_statement(P.layer_slopes(probe(layers=4)))
     assert "layer 0 grows like T^-4" in text and "layer 3 like T^-1" in text and "(1 per layer of depth)" in text
-    assert "gradients compound through depth" in text and "nothing there is specific to the attention logits" in text
+    assert "the steeper its slope: gradients compound through depth" in text and "nothing there is specific to the attention logits" in text
     flat = probe(layers=4)
     for r in flat["results"]:
         for kind in r["layers"]:
@@ -105,11 +106,21 @@ def test_depth_compounding_is_described_for_every_parameter_type():
 
 def test_section_has_the_tables_and_draws_the_figure(tmp_path):
     data = probe(single(0, -1.0), single(3, -0.5))
-    lines = "\n".join(P.section(data, P.draw_layers(data, tmp_path) and P.FIGURE))
+    lines = "\n".join(section(data, P.draw_layers(data, tmp_path) and P.FIGURE))
     assert (tmp_path / P.FIGURE).stat().st_size > 1000
     for heading in ("## Probe (frozen model, no training)", "### Local slopes", "### fp32 against the fp64 reference",
                     "### Corollary 3 entrywise", "### Per-layer slopes against T"):  # fmt: skip
         assert heading in lines, heading
     assert "| 0.001 - 0.003 (regime) | -4 | -1 | -0.5 |" in lines
     assert "| 1 - 10 | -4 | -1 | -0.5 |" in lines
-    assert P.section(None) == []
+    assert section(None) == []
+
+
+def test_every_layer_description_leaves_out_temperatures_where_fp32_is_unreliable():
+    data = probe(layers=4)
+    first = data["results"][0]  # T = 0.001
+    first["fp64"] = {"grad_attn_qk": [w["grad_attn_qk"] * 40 for w in first["windows"][:2]]}
+    assert P.described_temperatures(data) == [0.003, 0.01, 0.03, 0.1, 1.0]
+    text = "\n".join(section(data))
+    assert "numerically unreliable at T=0.001 (fp32/fp64 = 0.025)" in text and "fitted on T = 0.003, 0.01" in text
+    assert P.layer_slopes(data)["attn_qk"] == pytest.approx([-4.0, -3.0, -2.0, -1.0])

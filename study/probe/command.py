@@ -137,14 +137,14 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
               show_progress: bool = False) -> dict:  # fmt: skip
     """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
     ``show_progress``, one report per step with the time left (`study.progress`)."""
-    from study.frozen import FrozenInputError, check_seq_len, text_windows
+    from study.frozen import FrozenInputError, check_seq_len, context_of, text_windows
     from study.probe import measure
     from study.progress import progress
 
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     try:
-        check_seq_len(args.seq_len, getattr(model.config, "max_position_embeddings", None), args.model)
+        check_seq_len(args.seq_len, context_of(model), args.model)  # a checkpoint's context is known only now
         windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed)
     except FrozenInputError as err:
         raise ProbeError(str(err)) from err

@@ -16,7 +16,7 @@ from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
 from study.report.probe import draw_layers
-from study.report.probe import section as probe_section
+from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import Family, family_level, fmt, simultaneous

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from study.report.stats import INCONCLUSIVE, BandRule, Interval, TooFew, fmt, loglog_slope, slope_interval
-from study.report.table import table
 
 SINGLE_LAYER_RULE = BandRule(claimed=-1.0, width=0.25)
 REGIME_MAX_T = 0.1  # the verdict's regime: the grid's T <= this
@@ -106,10 +105,24 @@ def finding(claim: str, statistic: str, value: str, verdict: str, rule: str, int
 
 
 # ---- T in every layer: described, not judged --------------------------------------------------------------------
+DESCRIBE_MAX_T = 1.0  # T in every layer is described over T <= this: lowering T from the stock model's
+
+
+def described_temperatures(probe: dict) -> list[float]:
+    """The T over which the every-layer slopes are described: T <= `DESCRIBE_MAX_T`, without those where the fp64
+    reference found the every-layer fp32 gradient numerically unreliable."""
+    bad = {t for t, _ in unreliable(probe["results"], regime_only=False)}
+    return [float(r["temperature"]) for r in probe["results"] if float(r["temperature"]) <= DESCRIBE_MAX_T
+            and float(r["temperature"]) not in bad]  # fmt: skip
+
+
 def layer_slopes(probe: dict) -> dict[str, list[float | None]]:
     """Per parameter type, per layer: the log-log slope of the layer's gradient norm (geometric mean over windows)
-    against T in every layer, over the verdict's regime."""
-    results = [r for r in probe["results"] if float(r["temperature"]) <= REGIME_MAX_T]
+    against T in every layer, over `described_temperatures`."""
+    keep = set(described_temperatures(probe))
+    results = [r for r in probe["results"] if float(r["temperature"]) in keep]
+    if not results:
+        return {}
     ts = [float(r["temperature"]) for r in results]
     out = {}
     for kind in KIND_NAMES:
@@ -138,12 +151,13 @@ def depth_statement(slopes: dict[str, list[float | None]]) -> str:
     layers = len(slopes["attn_qk"])
     text = (f"With T lowered in every layer, the W_q/W_k gradient of layer 0 grows like T^{fmt(first, 3)} and that of "
             f"layer {layers - 1} like T^{fmt(last, 3)} ({fmt(per_layer, 2)} per layer of depth): ")  # fmt: skip
-    if per_layer > 0.02:
-        text += "the fewer low-T layers above a layer, the shallower its slope: gradients compound through depth. "
-    elif per_layer < -0.02:
-        text += "the slope steepens towards the output. "
-    else:
+    if first < last - 0.5 and per_layer > 0.02:
+        text += "the more low-T layers above a layer, the steeper its slope: gradients compound through depth. "
+    elif abs(first - last) <= 0.25 and abs(per_layer) <= 0.02:
         text += "about the same slope at every depth. "
+    else:
+        valid = [v for v in slopes["attn_qk"] if v is not None]
+        text += f"no steady pattern with depth (slopes from {fmt(min(valid), 3)} to {fmt(max(valid), 3)}). "
     controls = {k: depth_trend(v) for k, v in slopes.items() if k != "attn_qk"}
     alike = [k for k, t in controls.items() if t is not None and abs(t[0] - first) <= 0.25 * max(abs(first), 1)]
     if controls:
@@ -175,68 +189,10 @@ def draw_layers(probe: dict, out: Path) -> str | None:
             ax.plot([entry["layer"]], [slope], "k*", ms=12)
     ax.plot([], [], "k*", ms=12, label="W_q, W_k with T in that layer alone")
     ax.axhline(-1, color="grey", lw=1, ls=":", label="1/T")
-    ax.set(xlabel="layer", ylabel=f"log-log slope vs T (T <= {fmt(REGIME_MAX_T)})",
+    ax.set(xlabel="layer", ylabel=f"log-log slope vs T (T = {', '.join(fmt(t) for t in described_temperatures(probe))})",
            title="gradient slope against T, per layer (T lowered in every layer)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / FIGURE, dpi=90)
     plt.close(fig)
     return "Probe: gradient slope against T per layer and parameter type, and the single-layer test"
-
-
-def section(probe: dict | None, figure: str | None = None) -> list[str]:
-    """The probe's part of report.md: what the data say with T in every layer, the local slopes, fp32 against
-    fp64, Corollary 3 entrywise, the per-layer table."""
-    if not probe or not probe.get("results"):
-        return []
-    results = probe["results"]
-    single = probe.get("single_layer", [])
-    slopes = layer_slopes(probe)
-    lines = ["## Probe (frozen model, no training)", "",
-             f"`study probe` on {probe.get('model', '?')}: {probe.get('windows', '?')} independent text windows of "
-             f"{probe.get('seq_len', '?')} tokens across the documents of `{probe.get('text', '?')}` (the replicates; "
-             "the same windows at every T). The finding above lowers T in one layer at a time; with T lowered in every "
-             "layer the numbers below are described, not judged.", "", depth_statement(slopes), ""]  # fmt: skip
-    if bad := unreliable(results):
-        lines += [f"With T in every layer the fp32 gradients are {UNRELIABLE} at " + ", ".join(
-            f"T={fmt(t)} (fp32/fp64 = {fmt(r, 3)})" for t, r in bad) + ": read those slopes as fp32 artefacts.", ""]  # fmt: skip
-    columns = ["T pair", "W_q, W_k (every layer)"] + [f"layer {e['layer']} alone" for e in single]
-    every = local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in results})
-    alone = [local_slopes({float(r["temperature"]): [w["grad_attn_qk"] for w in r["windows"]] for r in e["results"]})
-             for e in single]  # fmt: skip
-    rows = []
-    for i, (a, b, s) in enumerate(every):
-        mark = " (regime)" if b <= REGIME_MAX_T else ""
-        rows.append([f"{fmt(a)} - {fmt(b)}{mark}", fmt(s, 3)] + [fmt(col[i][2], 3) for col in alone])
-    lines += ["### Local slopes (log-log, between adjacent T; geometric means over windows)", "", table(columns, rows),
-              "", f"The verdict uses the pairs marked (regime): T <= {fmt(REGIME_MAX_T)}.", ""]  # fmt: skip
-    checked = [i for i, r in enumerate(results) if r.get("fp64") or any(e["results"][i].get("fp64") for e in single)]
-    if checked:
-        columns = ["T", "W_q, W_k (every layer) fp32/fp64"] + [f"layer {e['layer']} alone" for e in single]
-        columns += ["Hessian norm fp32", "Hessian norm fp64"]
-        rows = []
-        for index in checked:
-            r = results[index]
-            ratios = [fp32_over_fp64(r)] + [fp32_over_fp64(e["results"][index]) for e in single]
-            rows.append([fmt(r["temperature"])] + [fmt(x, 4) for x in ratios]
-                        + [fmt(r.get("hessian_qk_norm"), 3), fmt((r.get("fp64") or {}).get("hessian_qk_norm"), 3)])  # fmt: skip
-        lines += [f"### fp32 against the fp64 reference ({probe.get('fp64_windows', '?')} windows; the ratio farthest "
-                  f"from 1; beyond {fmt(100 * FP64_TOLERANCE)}% a number is {UNRELIABLE})", "", table(columns, rows), ""]  # fmt: skip
-    rows = [[fmt(r["temperature"]), fmt(r["jacobian"].get("entry_max_times_4T"), 4),
-             fmt(r["jacobian"].get("entry_frac_above_0.5"), 3), fmt(r["jacobian"].get("entry_frac_above_0.9"), 3),
-             fmt(r["jacobian"].get("saturated_fraction"), 3), fmt(r["jacobian"].get("max_times_2T"), 4)] for r in results]  # fmt: skip
-    lines += ["### Corollary 3 entrywise (T in every layer, sampled rows)", "",
-              "max |J_ij| <= 1/(4T) holds for every row by mathematics (the first column, at most 1, checks the code); "
-              "the empirical question is how close real rows come to it. The spectral norm reaches 1/(2T) (last "
-              "column, at most 1), so the bound does not hold as a spectral norm.", "",
-              table(["T", "max over rows of max|J_ij| x 4T", "rows above 1/2 of the bound", "rows above 9/10",
-                     "saturated rows", "max spectral norm x 2T"], rows), ""]  # fmt: skip
-    if any(v is not None for values in slopes.values() for v in values):
-        layers = len(next(iter(slopes.values())))
-        rows = [[str(i)] + [fmt(slopes[k][i], 3) for k in slopes] for i in range(layers)]
-        lines += [f"### Per-layer slopes against T (T in every layer, T <= {fmt(REGIME_MAX_T)})", "",
-                  table(["layer"] + [KIND_NAMES[k] for k in slopes], rows), ""]  # fmt: skip
-    if figure:
-        lines += [f"![probe slopes per layer]({figure})", ""]
-    lines += ["The probe's own figure (curves against T, Hessian, fp32/fp64): `../probe/probe.png`.", ""]
-    return lines

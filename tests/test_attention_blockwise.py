@@ -330,7 +330,7 @@ def test_monitor_sums_over_blocks_equal_the_dense_sums(spec_name):
     q, k, v = _inputs(3, LK, LK)
     sums = []
     for run in (lambda f: f(), _blockwise):
-        monitors = [AttentionEntropyMonitor(), SelectionUniformityMonitor(topk=(1, 4, 16))]
+        monitors = [AttentionEntropyMonitor(), SelectionUniformityMonitor(selection_ks=(1, 4, 16))]
         for monitor in monitors:
             monitor._phase = "train"  # as on a logging step
         with tapping(*monitors):

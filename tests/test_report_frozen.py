@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from study.report import frozen as Z
-from study.report.build import report_text
+from study.report.build import judged, report_text
 from study.report.findings import DESCRIPTIVE
 from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, Interval
 
@@ -145,7 +145,7 @@ def test_report_reads_the_sweeps_analyze_results(tmp_path):
     (tmp_path / "analyze").mkdir()
     (tmp_path / "analyze" / "results.json").write_text(json.dumps(results()))
     loaded = Z.load_analysis(tmp_path)
-    text = report_text("t", str(tmp_path), [], [], {}, None, [], loaded)
+    text = report_text("t", str(tmp_path), [], [], {}, None, [], judged([], None, loaded))
     assert "3. critical N* ~ 0.06 L (frozen synthetic" in text and "| descriptive |" in text
     (tmp_path / "analyze" / "results.json").write_text("{broken")
     assert Z.load_analysis(tmp_path) is None

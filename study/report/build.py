@@ -113,6 +113,8 @@ def report_text(
              + ", ".join(f"`{s.name}` {s.state}" for s in not_counted)
              + "); their partial logs are in no finding, figure or table below but `Runs`.", ""]
             if not_counted else []
+        ),
+        *(
             [f"The findings use the main arm ({main[0].optimizer}, learning rate {fmt(main[0].learning_rate)}: "
              f"{len(main)} runs); the {arms} runs of the other arms enter only the stability table and the "
              "learning-rate finding.", ""]

@@ -17,8 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-
 
 class AnalyzeError(ValueError):
     """A bad input, reported as `error: ...` with exit status 2."""
@@ -94,21 +92,14 @@ def check_numbers(args) -> None:
 
 
 def model_kind(name: str) -> str:
-    """'ckpt', 'dir' or 'hub'; a path that does not exist is an error (not a hub name)."""
-    path = Path(name)
-    if name.endswith(".ckpt"):
-        if not path.is_file():
-            raise AnalyzeError(f"checkpoint not found: {name}")
-        return "ckpt"
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise AnalyzeError(f"model directory {name} has no config.json (save it with save_pretrained)")
-        return "dir"
-    if path.exists():
-        raise AnalyzeError(f"--model {name} is a file but not a .ckpt checkpoint")
-    if name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/", ".bin", ".safetensors")):
-        raise AnalyzeError(f"model not found: {name} (neither a local path nor a hub name)")
-    return "hub"
+    """'ckpt', 'dir' or 'hub' (`study.frozen.model_kind`: the same rules as every frozen-model command)."""
+    from study.frozen import FrozenInputError
+    from study.frozen import model_kind as frozen_model_kind
+
+    try:
+        return frozen_model_kind(name)
+    except FrozenInputError as err:
+        raise AnalyzeError(str(err)) from err
 
 
 def read_text(spec: str, min_chars: int) -> str:
@@ -130,6 +121,8 @@ def model_name(name: str, kind: str) -> str:
         return f"{parent}-{path.stem}" if parent else path.stem
     if kind == "dir":
         return path.resolve().name
+    if kind == "gguf":
+        return path.stem
     return name.replace("/", "--")
 
 
@@ -147,63 +140,6 @@ def fresh_dir(path: Path) -> Path:
 # model and tokenizer
 
 
-def _is_tokenizer_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES)
-
-
-def load_tokenizer(spec: str):
-    from transformers import AutoTokenizer
-
-    if spec == "gpt2":
-        from study.data import gpt2_tokenizer
-
-        return gpt2_tokenizer()
-    if not _is_tokenizer_dir(Path(spec)):
-        raise AnalyzeError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
-    return AutoTokenizer.from_pretrained(spec)
-
-
-def checkpoint_tokenizer(ckpt: Path, hparams: dict):
-    """The tokenizer a GPT2Module checkpoint was trained with, found beside it; None if none is found.
-
-    Looked for, nearest first, in the checkpoint's folder and up to three folders above it: a folder holding a
-    saved tokenizer (itself, or a sub-folder such as `tokenizer/` or a `save_pretrained` model folder); then the
-    run's `config.yaml` (LightningCLI) `data` section ('gpt2', a tokenizer folder, or corpus-bpe rebuilt from
-    its cache); then the model's `model_name_or_path` when it is a local folder with a tokenizer.
-    """
-    folders = [ckpt.parent, *list(ckpt.parent.parents)[:3]]
-    for folder in folders:
-        if _is_tokenizer_dir(folder):
-            return load_tokenizer(str(folder))
-        for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
-            if _is_tokenizer_dir(sub):
-                return load_tokenizer(str(sub))
-    for folder in folders:
-        config = folder / "config.yaml"
-        if config.is_file():
-            import yaml
-
-            data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
-            data = data.get("init_args", data)
-            name = data.get("tokenizer")
-            if name == "gpt2" or (name and _is_tokenizer_dir(Path(name))):
-                return load_tokenizer(name)
-            # "auto" without a loaded model is corpus-bpe (study.data); with one, the model's folder below.
-            if name == "corpus-bpe" or (name == "auto" and not hparams.get("model_name_or_path")):
-                from study.data import TextDataModule
-
-                keys = ("source", "dataset", "dataset_config", "train_files", "val_files", "vocab_size", "cache_dir")
-                return TextDataModule(tokenizer="corpus-bpe", **{k: data[k] for k in keys if k in data}).tokenizer
-    base = hparams.get("model_name_or_path")
-    if base:
-        from study.pretrained import resolve_model
-
-        base = resolve_model(base)  # an embedded short name (e.g. smollm2-135m) -> its cached folder
-    if base and _is_tokenizer_dir(Path(base)):
-        return load_tokenizer(base)
-    return None
-
-
 def load_model_and_tokenizer(args, kind: str):
     """(model, tokenizer), by `study.frozen.load_frozen`: the model in eval mode on args.device."""
     from study.frozen import FrozenInputError, load_frozen
@@ -213,20 +149,6 @@ def load_model_and_tokenizer(args, kind: str):
     except FrozenInputError as err:
         raise AnalyzeError(str(err)) from err
     return frozen.model, frozen.tokenizer
-
-
-def config_context(args, kind: str) -> int | None:
-    """The model's context from its config alone (no weights loaded); None when unknown before loading."""
-    if kind != "dir":
-        return None
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(args.model)
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
@@ -262,15 +184,17 @@ def run(args) -> Path:
     from .protocol import analyze
 
     check_numbers(args)
+    from study.frozen import config_context as frozen_context
+    from study.frozen import is_tokenizer_dir
     from study.pretrained import EMBEDDED_MODELS, resolve_model
 
     named = args.model
     if named in EMBEDDED_MODELS or named.endswith(".gguf"):
         args.model = resolve_model(named)  # materialised once into a cached local folder (offline)
     kind = model_kind(args.model)
-    if args.tokenizer and args.tokenizer != "gpt2" and not _is_tokenizer_dir(Path(args.tokenizer)):
+    if args.tokenizer and args.tokenizer != "gpt2" and not is_tokenizer_dir(args.tokenizer):
         raise AnalyzeError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
-    lengths, longest = resolve_lengths(args, config_context(args, kind))
+    lengths, longest = resolve_lengths(args, frozen_context(args.model, kind))
     text = read_text(args.text, min_chars=longest * 12)
     if args.windows:
         from .windows import read_texts

@@ -17,7 +17,7 @@ from study.report.findings import Finding, depth_statement, findings, main_arm, 
 from study.report.frozen import frozen_findings, load_analysis
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
-from study.report.read import load_sweep, read_json
+from study.report.read import load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import Family, family_level, fmt, simultaneous
 from study.report.summary import Summary, dedupe, share_baselines, summarize
@@ -31,14 +31,7 @@ WANTED_TAGS = (
 def load_probe(sweep_dir: Path) -> dict | None:
     """`<sweep>/probe/probe.json` as written by `study probe`, if the sweep ran it (a damaged one is named, and
     the report goes without it)."""
-    path = sweep_dir / "probe" / "probe.json"
-    if not path.is_file():
-        return None
-    problems: list[str] = []
-    probe = read_json(path, problems)
-    for line in problems:
-        print(f"study report: {line}", flush=True)
-    return probe
+    return read_optional_json(sweep_dir / "probe" / "probe.json")
 
 
 PAPER_AXES = ("temperature", "top_k", "normalizer", "seed")  # what the findings group and pool runs by

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from study.report.findings import DESCRIPTIVE, Finding
-from study.report.read import read_json
+from study.report.read import read_optional_json
 from study.report.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
@@ -89,14 +89,7 @@ DROP_RULE = RangeRule(10**1.5, 10**2.5, log=True)  # "about 100x": within a fact
 
 def load_analysis(sweep_dir: Path) -> dict | None:
     """`<sweep>/analyze/results.json` if the sweep ran `study analyze` (a damaged one is named and left out)."""
-    path = Path(sweep_dir) / RESULTS
-    if not path.is_file():
-        return None
-    problems: list[str] = []
-    results = read_json(path, problems)
-    for line in problems:
-        print(f"study report: {line}", flush=True)
-    return results
+    return read_optional_json(Path(sweep_dir) / RESULTS)
 
 
 def _model(results: dict) -> str:

@@ -104,3 +104,15 @@ def load_sweep(
     else:
         problems.extend(found)
     return plan, runs
+
+
+def read_optional_json(path: Path) -> dict | None:
+    """The JSON object at `path` if the file exists (a sweep's probe.json or analyze/results.json); a damaged one
+    is named on the console and left out (None), so the report goes without it."""
+    if not path.is_file():
+        return None
+    problems: list[str] = []
+    data = read_json(path, problems)
+    for line in problems:
+        print(f"study report: {line}", flush=True)
+    return data

@@ -295,7 +295,7 @@ def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
 def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_change(tmp_path, monkeypatch):
     """`analyze:` runs `study analyze` once; the same arguments reuse results.json, other arguments replace it."""
     import study.analysis.command as command
-    from study import sweep
+    from study.sweep import command as sweep
 
     calls = []
 

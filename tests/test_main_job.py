@@ -149,3 +149,13 @@ def test_fuller_smollm2_sweep_parses():
     assert len(grid) == 50 and len({r.params["seed"] for r in grid}) == 5
     assert {r.params["optimizer"] for r in plan.runs} == {"adamw", "sgd"} and len(plan.runs) == 50 + 5 * 9 * 3
     assert all("--trainer.max_steps=60" in r.args for r in plan.runs)
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_the_probe_section_passes_the_probes_own_checks(quick):
+    """The `probe:` section (and its quick override, merged key by key) gives `study probe` arguments it accepts:
+    a quick grid that drops a T the full section's fp64 or Hessian list names failed the quick pipeline's probe."""
+    from study.probe.command import build_parser, check_numbers
+
+    plan = build_plan(MAIN, quick=quick)
+    check_numbers(build_parser().parse_args(plan.probe))

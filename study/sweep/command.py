@@ -8,6 +8,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
@@ -237,51 +240,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_probe(plan: Plan, quiet: bool = True) -> bool:
-    """`study probe` with the spec's `probe:` options, unless probe.json from the same arguments exists; its output
-    goes to probe/probe.log (``quiet=False``: to the console) and one line to the console."""
+    """`study probe` with the spec's `probe:` options (`_run_frozen_step`); its output goes to probe/probe.log."""
     if not plan.probe:
         return True
     from study.probe import main as probe_main
 
     out = plan.sweep_dir / "probe"
-    done = out / "probe.json"
-    if done.is_file() and (read_json(done, []) or {}).get("argv") == plan.probe:  # a damaged one is redone
-        print(f"probe: cached ({done})", flush=True)
-        return True
-    t0 = time.perf_counter()
-    with run_console(out / "probe.log", quiet=quiet):
-        code = probe_main(plan.probe)
-    if code != 0:
-        print(f"study sweep: the probe failed (see {out / 'probe.log'}); the report goes without it", file=sys.stderr)
-        return False
-    print(f"probe: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
-    return True
+    return _run_frozen_step("probe", "the probe", probe_main, plan.probe, out / "probe.json",
+                            lambda result: result.get("argv"), log=out / "probe.log", quiet=quiet)  # fmt: skip
 
 
 def _run_analyze(plan: Plan, quiet: bool = True) -> bool:
-    """`study analyze` with the spec's `analyze:` options, unless results.json from the same arguments exists (an
-    older analysis with other arguments is replaced); its output goes to analyze/analyze.log."""
+    """`study analyze` with the spec's `analyze:` options (`_run_frozen_step`); an older analysis with other
+    arguments is replaced, since `study analyze` never writes into an existing folder; its output goes to
+    analyze.log beside that folder."""
     if not plan.analyze:
         return True
-    import shutil
-
     from study.analysis.command import main as analyze_main
 
     out = plan.sweep_dir / "analyze"
-    done = out / "results.json"
-    if done.is_file() and ((read_json(done, []) or {}).get("source") or {}).get("argv") == plan.analyze:
-        print(f"analyze: cached ({done})", flush=True)
+    return _run_frozen_step("analyze", "the analysis", analyze_main, plan.analyze, out / "results.json",
+                            lambda result: (result.get("source") or {}).get("argv"), log=plan.sweep_dir / "analyze.log",
+                            quiet=quiet, replace=out)  # fmt: skip
+
+
+def _run_frozen_step(
+    label: str, noun: str, run: Callable[[list[str]], int], argv: list[str], result: Path,
+    recorded: Callable[[dict], Any], log: Path, quiet: bool, replace: Path | None = None,
+) -> bool:  # fmt: skip
+    """One command on the frozen model after the runs: skipped while ``result`` records the same arguments (a
+    damaged one is redone), else run with its output in ``log`` (``quiet=False``: to the console) and one line
+    here. A failure is named and returns False: the report goes without it and the sweep's exit code says so."""
+    if result.is_file() and recorded(read_json(result, []) or {}) == argv:
+        print(f"{label}: cached ({result})", flush=True)
         return True
-    log = plan.sweep_dir / "analyze.log"  # beside the folder: `study analyze` never writes into an existing one
-    if out.exists():
-        shutil.rmtree(out)
+    if replace is not None and replace.exists():
+        import shutil
+
+        shutil.rmtree(replace)
     t0 = time.perf_counter()
     with run_console(log, quiet=quiet):
-        code = analyze_main(plan.analyze)
+        code = run(argv)
     if code != 0:
-        print(f"study sweep: the analysis failed (see {log}); the report goes without it", file=sys.stderr)
+        print(f"study sweep: {noun} failed (see {log}); the report goes without it", file=sys.stderr)
         return False
-    print(f"analyze: finished in {format_seconds(time.perf_counter() - t0)} ({done})", flush=True)
+    print(f"{label}: finished in {format_seconds(time.perf_counter() - t0)} ({result})", flush=True)
     return True
 
 

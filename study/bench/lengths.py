@@ -30,6 +30,7 @@ import torch
 
 from study.attention import AttentionSpec, attend, blockwise_settings
 from study.attention.blockwise import block_rows
+from study.bench.memory import profiled_peak_bytes
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 HIDDEN, INTERMEDIATE = 576, 1536
@@ -75,13 +76,7 @@ def peak_bytes(step: Callable[[], None], device: str) -> int:
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     with profiler:
         step()
-    events = [e for e in profiler.profiler.kineto_results.events()
-              if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
+    return profiled_peak_bytes(profiler)
 
 
 def seconds(step: Callable[[], None], device: str, repeats: int) -> float:

@@ -28,6 +28,18 @@ def _resident_bytes(module, trainer) -> int:
     return total
 
 
+def profiled_peak_bytes(profiler: torch.profiler.profile) -> int:
+    """Peak of the CPU memory allocated while ``profiler`` (``profile_memory=True``) ran, over what was live when it
+    started: the running sum of its allocation events (frees are negative), in time order."""
+    events = [e for e in profiler.profiler.kineto_results.events()
+              if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]  # fmt: skip
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
 class PeakMemory:
     """Peak bytes of the training step that starts at global step ``step``, by two callbacks placed around all
     the others (``peak.around(callbacks)``), so the monitors' work on that step counts.
@@ -88,12 +100,7 @@ class PeakMemoryStop(L.Callback):
             return
         profiler = self.peak.profiler
         profiler.__exit__(None, None, None)
-        events = [e for e in profiler.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
-        live = peak = 0
-        for e in sorted(events, key=lambda e: e.start_ns()):
-            live += e.nbytes()
-            peak = max(peak, live)
+        peak = profiled_peak_bytes(profiler)
         resident = self.peak.resident
         self.peak.result.update(
             step_peak_bytes=peak, resident_bytes=resident, peak_bytes=resident + peak,

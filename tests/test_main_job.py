@@ -144,11 +144,19 @@ def test_callback_override_names_a_base_callback_and_its_argument(tmp_path):
 
 
 def test_fuller_smollm2_sweep_parses():
+    """10 seeds per temperature for the training findings; every learning-rate cell of the instability design
+    replicated (3 seeds), at the lowest T and at T = 1."""
     plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-full.yaml")
     grid = [r for r in plan.runs if r.params["optimizer"] == "adamw" and r.params["learning_rate"] == 3e-4]
-    assert len(grid) == 50 and len({r.params["seed"] for r in grid}) == 5
-    assert {r.params["optimizer"] for r in plan.runs} == {"adamw", "sgd"} and len(plan.runs) == 50 + 5 * 9 * 3
-    assert all("--trainer.max_steps=60" in r.args for r in plan.runs)
+    assert len(grid) == 30 and len({r.params["seed"] for r in grid}) == 10
+    cells: dict = {}
+    for r in plan.runs:
+        if r not in grid:
+            key = (r.params["optimizer"], r.params["temperature"], r.params["learning_rate"])
+            cells.setdefault(key, set()).add(r.params["seed"])
+    assert {t for _, t, _ in cells} == {0.01, 1} and all(len(seeds) == 3 for seeds in cells.values())
+    assert len([k for k in cells if k[0] == "sgd"]) == 2 * 5 and len(plan.runs) == 30 + 30 + 6
+    assert all("--trainer.max_steps=24" in r.args for r in plan.runs)
 
 
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -295,7 +296,10 @@ def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
 def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_change(tmp_path, monkeypatch):
     """`analyze:` runs `study analyze` once; the same arguments reuse results.json, other arguments replace it."""
     import study.analysis.command as command
-    from study.sweep import command as sweep
+    from study.sweep.frozen_steps import frozen_steps, run_in_process
+
+    def run_analyze(plan):
+        return run_in_process(next(step for step in frozen_steps(plan) if step.label == "analyze"))
 
     calls = []
 
@@ -314,15 +318,71 @@ def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_cha
                     "analyze: {windows: 3, max_length: 16}\n")
     plan = build_plan(spec)
     assert plan.analyze[:2] == ["--model", "some/model"]
-    assert sweep._run_analyze(plan) and sweep._run_analyze(plan)
+    assert run_analyze(plan) and run_analyze(plan)
     assert len(calls) == 1  # the second was cached
     spec.write_text(spec.read_text().replace("windows: 3", "windows: 4"))
     plan = build_plan(spec)
-    assert sweep._run_analyze(plan) and len(calls) == 2 and "4" in calls[-1]
+    assert run_analyze(plan) and len(calls) == 2 and "4" in calls[-1]
     assert not (tmp_path / "s" / "analyze-1").exists()
     monkeypatch.setattr(command, "main", lambda argv: 2)
     spec.write_text(spec.read_text().replace("windows: 4", "windows: 5"))
-    assert not sweep._run_analyze(build_plan(spec))  # a failed analysis fails the sweep's exit code, not the report
+    assert run_analyze(build_plan(spec)) is False  # a failed analysis fails the sweep's exit code, not the report
+    from study.sweep.lock import RunLock
+
+    spec.write_text(spec.read_text().replace("windows: 5", "windows: 6"))
+    with RunLock(tmp_path / "s", name="analyze.lock"):  # another sweep process runs it: left to that one
+        assert run_analyze(build_plan(spec)) is None and len(calls) == 2
+
+
+def _step(tmp_path, label: str, code: str):
+    """A frozen-model step whose subprocess is ``code`` (python), given the result path and the lock folder."""
+    import sys
+
+    from study.sweep.frozen_steps import FrozenStep
+
+    class Step(FrozenStep):
+        def command(self):
+            return [sys.executable, "-c", code, str(self.result), str(self.lock_dir), json.dumps(self.argv)]
+
+    out = tmp_path / label
+    return Step(label, f"the {label}", "unused", ["--x", label], out / "result.json", lambda r: r.get("argv"),
+                log=out / "log", lock_dir=tmp_path)
+
+
+STEP_CODE = """import json, pathlib, sys, time
+from study.sweep.lock import busy
+result, lock_dir, argv = pathlib.Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+time.sleep(0.5)
+print("step output")
+result.parent.mkdir(parents=True, exist_ok=True)
+result.write_text(json.dumps({"argv": argv, "held": busy(lock_dir, argv[1] + ".lock") is not None,
+                              "ended": time.time()}))
+"""
+
+
+def test_with_parallel_slots_the_frozen_steps_run_first_beside_the_runs(tmp_path, capsys):
+    """`--parallel`: the probe and the analysis (independent of the runs) take the first pool slots as
+    subprocesses, under their locks; their output goes to their logs, one line each here; a cached step is not
+    rerun and a failed one is named."""
+    import argparse
+
+    from study.sweep.pool import SweepProgress, run_pool
+
+    spec = write_spec(tmp_path, {"seed": [0]})
+    plan = build_plan(spec)
+    args = argparse.Namespace(parallel=2, devices_per_run=1, save_dir=None, threads=1)
+    probe, analyze = _step(tmp_path, "probe", STEP_CODE), _step(tmp_path, "analyze", "raise SystemExit(3)")
+    started = time.time()
+    outcomes = run_pool(plan, [], args, [], SweepProgress(0, 2), [probe, analyze])
+    assert outcomes == {"probe": True, "analyze": False}
+    result = json.loads(probe.result.read_text())
+    assert result["held"] and result["ended"] - started < 5  # its lock was held by the pool while it ran
+    assert "step output" in probe.log.read_text()
+    out = capsys.readouterr()
+    assert "probe: finished in" in out.out and "the analyze failed (see" in out.err
+    assert run_pool(plan, [], args, [], SweepProgress(0, 2), [probe]) == {"probe": True}  # cached
+    assert "probe: cached" in capsys.readouterr().out
+
 
 
 def test_sweep_spec_analyze_section(tmp_path):

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the T (of the grid) of the fp64 reference (default: the grid's T <= {FP64_BELOW:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the windows, the row sampler and the power iteration")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads for this probe (default: as set; a sweep sets 1 per run, the probe runs alone)")
+                   help="torch CPU threads for this probe (default: as set; a sweep passes its `probe.threads`)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-tensorboard", action="store_true",
                    help="no TensorBoard events (a sweep's probe: its folder would show as a run beside the sweep's runs)")

@@ -15,6 +15,7 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
     T0.1_k4_softmax_s0/          one run: TensorBoard events, config.yaml, hparams, checkpoints/, status.json, run.lock
     probe/probe.json             `study probe` on the frozen model (the spec's `probe:` section; + figure, events)
     analyze/results.json         `study analyze` on the frozen model (the spec's `analyze:` section; + figures)
+    probe.lock, analyze.lock     who runs those two steps (with --parallel they run beside the runs, first)
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips

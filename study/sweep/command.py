@@ -1,5 +1,6 @@
 """`study sweep` command line: parse, check the plan and the options, dispatch to one run or to the pool of
-runs, then the probe and the report. The usage is the package's docstring (`study.sweep`)."""
+runs (with the frozen-model steps beside them when there are several slots), then those steps and the report.
+The usage is the package's docstring (`study.sweep`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
-from study.report.read import read_json
+from study.sweep.frozen_steps import frozen_steps
+from study.sweep.frozen_steps import run_in_process as run_frozen_step
 from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
 from study.sweep.pool import (
@@ -25,7 +24,7 @@ from study.sweep.pool import (
     run_pool,
     wait_for_pretraining,
 )
-from study.sweep.run import FINAL_STATES, done, is_rank_zero, pretrain_done, read_status, run_console, run_one
+from study.sweep.run import FINAL_STATES, done, is_rank_zero, pretrain_done, read_status, run_one
 from study.sweep.spec import Plan, SweepSpecError, build_plan
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
@@ -109,21 +108,25 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     return None
 
 
-def _finish(plan: Plan, args, start: float) -> int:
-    """The probe, the report (unless other processes still hold runs) and the sweep's closing line; the exit code."""
+def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) -> int:
+    """The frozen-model steps the pool did not run (`study.sweep.frozen_steps`), the report (unless other
+    processes still hold runs or steps) and the sweep's closing line; the exit code."""
     states = [(read_status(r.dir) or {}).get("state", "missing") for r in plan.runs]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     elsewhere = [r.name for r in plan.runs if busy(r.dir) is not None]
+    if not elsewhere:
+        for step in frozen_steps(plan):
+            if step.label not in outcomes:
+                outcomes[step.label] = run_frozen_step(step, quiet=not args.verbose)
+        elsewhere = [label for label, outcome in outcomes.items() if outcome is None]
     if elsewhere:
         print(
             f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}; "
-            f"{len(elsewhere)} run(s) are being trained by other processes ({', '.join(elsewhere)}): report not built "
-            f"here; the last of them builds it (or, then: study report {plan.sweep_dir})",
+            f"{len(elsewhere)} run(s) or step(s) are being run by other processes ({', '.join(elsewhere)}): report "
+            f"not built here; the last of them builds it (or, then: study report {plan.sweep_dir})",
             flush=True,
         )
         return 0
-    probe_ok = _run_probe(plan, quiet=not args.verbose)
-    probe_ok = _run_analyze(plan, quiet=not args.verbose) and probe_ok
     report = None
     if plan.report and not args.no_report:
         from study.report import build_report
@@ -134,7 +137,8 @@ def _finish(plan: Plan, args, start: float) -> int:
         + (f"; report: {report}" if report else ""),
         flush=True,
     )
-    return 0 if all(s in FINAL_STATES for s in states) and probe_ok else 1
+    steps_ok = all(outcome is not False for outcome in outcomes.values())
+    return 0 if all(s in FINAL_STATES for s in states) and steps_ok else 1
 
 
 def _checked_plan(args, rest: list[str]) -> Plan | int:
@@ -232,60 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     for run in plan.runs:
         if run not in todo:
             progress.update(run, read_status(run.dir) or {}, skipped=True)
+    outcomes: dict[str, bool | None] = {}
     if subprocess_mode:
-        run_pool(plan, todo, args, passthrough, progress)
+        # With several slots the frozen-model steps (independent of the runs) go first, beside the runs.
+        steps = frozen_steps(plan) if args.parallel > 1 else []
+        outcomes = run_pool(plan, todo, args, passthrough, progress, steps)
     else:
         run_in_process(todo, progress, quiet=not args.verbose)
-    return _finish(plan, args, start)
-
-
-def _run_probe(plan: Plan, quiet: bool = True) -> bool:
-    """`study probe` with the spec's `probe:` options (`_run_frozen_step`); its output goes to probe/probe.log."""
-    if not plan.probe:
-        return True
-    from study.probe import main as probe_main
-
-    out = plan.sweep_dir / "probe"
-    return _run_frozen_step("probe", "the probe", probe_main, plan.probe, out / "probe.json",
-                            lambda result: result.get("argv"), log=out / "probe.log", quiet=quiet)  # fmt: skip
-
-
-def _run_analyze(plan: Plan, quiet: bool = True) -> bool:
-    """`study analyze` with the spec's `analyze:` options (`_run_frozen_step`); an older analysis with other
-    arguments is replaced, since `study analyze` never writes into an existing folder; its output goes to
-    analyze.log beside that folder."""
-    if not plan.analyze:
-        return True
-    from study.analysis.command import main as analyze_main
-
-    out = plan.sweep_dir / "analyze"
-    return _run_frozen_step("analyze", "the analysis", analyze_main, plan.analyze, out / "results.json",
-                            lambda result: (result.get("source") or {}).get("argv"), log=plan.sweep_dir / "analyze.log",
-                            quiet=quiet, replace=out)  # fmt: skip
-
-
-def _run_frozen_step(
-    label: str, noun: str, run: Callable[[list[str]], int], argv: list[str], result: Path,
-    recorded: Callable[[dict], Any], log: Path, quiet: bool, replace: Path | None = None,
-) -> bool:  # fmt: skip
-    """One command on the frozen model after the runs: skipped while ``result`` records the same arguments (a
-    damaged one is redone), else run with its output in ``log`` (``quiet=False``: to the console) and one line
-    here. A failure is named and returns False: the report goes without it and the sweep's exit code says so."""
-    if result.is_file() and recorded(read_json(result, []) or {}) == argv:
-        print(f"{label}: cached ({result})", flush=True)
-        return True
-    if replace is not None and replace.exists():
-        import shutil
-
-        shutil.rmtree(replace)
-    t0 = time.perf_counter()
-    with run_console(log, quiet=quiet):
-        code = run(argv)
-    if code != 0:
-        print(f"study sweep: {noun} failed (see {log}); the report goes without it", file=sys.stderr)
-        return False
-    print(f"{label}: finished in {format_seconds(time.perf_counter() - t0)} ({result})", flush=True)
-    return True
+    return _finish(plan, args, start, outcomes)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,11 @@ LOCK_FILE = "run.lock"
 class RunBusy(RuntimeError):
     """The run is being trained by another process (named in the message)."""
 
-    def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, holder: dict[str, Any], name: str = LOCK_FILE) -> None:
         self.holder = holder
         who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        super().__init__(
-            f"{run_dir.name} is held by {who} since {holder.get('since', '?')} ({run_dir / LOCK_FILE})"
-        )
+        held = run_dir.name if name == LOCK_FILE else name
+        super().__init__(f"{held} is held by {who} since {holder.get('since', '?')} ({run_dir / name})")
 
 
 def _holder(path: Path) -> dict[str, Any]:
@@ -43,12 +42,13 @@ class RunLock:
     """``with RunLock(run_dir):`` holds the run for this process, or raises `RunBusy` naming the holder.
 
     `taken_over` is the previous holder's record when the lock file was left by a process that no longer holds
-    it (it died or was killed), else None.
+    it (it died or was killed), else None. ``name``: another lock file in that folder (a sweep's frozen-model
+    steps hold ``<sweep>/probe.lock`` and ``<sweep>/analyze.lock``).
     """
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, name: str = LOCK_FILE) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
+        self.path = self.run_dir / name
         self.taken_over: dict[str, Any] | None = None
         self._fd: int | None = None
 
@@ -59,7 +59,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunBusy(self.run_dir, _holder(self.path)) from None
+            raise RunBusy(self.run_dir, _holder(self.path), self.path.name) from None
         previous = _holder(self.path)
         self.taken_over = previous or None
         record = {
@@ -87,10 +87,10 @@ class RunLock:
         self.release()
 
 
-def busy(run_dir: str | Path) -> RunBusy | None:
+def busy(run_dir: str | Path, name: str = LOCK_FILE) -> RunBusy | None:
     """Whether another process holds the run right now (peeks: takes and drops the lock if it is free)."""
     try:
-        RunLock(run_dir).acquire().release()
+        RunLock(run_dir, name).acquire().release()
     except RunBusy as held:
         return held
     return None

@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from study import tags
 from study.progress import format_seconds
+from study.sweep.frozen_steps import FrozenStep, Launched, launch
 from study.sweep.lock import RunBusy, RunLock, busy
 from study.sweep.run import done, execute_run, read_status, run_console, say_taken_over, utc_now, write_status
 from study.sweep.spec import Plan, Run
@@ -164,12 +166,25 @@ def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True)
             _left_to_others(run, held, progress)
 
 
-def run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress: SweepProgress) -> None:
-    """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time."""
+def run_pool(
+    plan: Plan, todo: list[Run], args, passthrough: list[str], progress: SweepProgress,
+    steps: Sequence[FrozenStep] = (),
+) -> dict[str, bool | None]:  # fmt: skip
+    """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time; the frozen-model
+    ``steps`` (`study.sweep.frozen_steps`) take the first slots, as the longest jobs. Returns each step's
+    outcome (True: done or cached, False: failed, None: held by another process)."""
     slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
-    pending, active = list(todo), {}
-    while pending or active:
+    pending_steps, pending, active = list(steps), list(todo), {}
+    outcomes: dict[str, bool | None] = {}
+    while pending_steps or pending or active:
         for slot, gpus in enumerate(slots):
+            while slot not in active and pending_steps:
+                step = pending_steps.pop(0)
+                launched = launch(step)
+                if isinstance(launched, Launched):
+                    active[slot] = launched
+                else:
+                    outcomes[step.label] = launched
             if slot not in active and pending:
                 run = pending.pop(0)
                 held = busy(run.dir)
@@ -181,12 +196,19 @@ def run_pool(plan: Plan, todo: list[Run], args, passthrough: list[str], progress
                 active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
         time.sleep(0.2)
         for slot in list(active):
-            run, proc, started = active[slot]
+            job = active[slot]
+            if isinstance(job, Launched):
+                if job.poll() is not None:
+                    del active[slot]
+                    outcomes[job.step.label] = job.finish()
+                continue
+            run, proc, started = job
             if proc.poll() is not None:
                 del active[slot]
                 status = finish_subprocess(proc, run)
                 status.setdefault("duration_s", round(time.perf_counter() - started, 2))
                 progress.update(run, status)
+    return outcomes
 
 
 def wait_for_pretraining(plan: Plan) -> None:

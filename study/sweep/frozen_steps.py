@@ -1,0 +1,144 @@
+"""A sweep's steps on the frozen model: `study probe` (the spec's `probe:` section) and `study analyze` (`analyze:`).
+
+They do not depend on the fine-tuning runs, so with `--parallel` they take pool slots beside the runs (first, being
+the longest jobs), as `study <verb>` subprocesses; with one run at a time they run in this process after the runs.
+Either way a step is skipped while its result file records the same arguments, is held under a lock
+(`<sweep>/<label>.lock`) so that several sweep processes never run it twice at once, writes its output to its log,
+and prints one line here; a failure is named, and the report goes without that step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from study.progress import format_seconds
+from study.report.read import read_json
+from study.sweep.lock import RunBusy, RunLock
+from study.sweep.run import run_console
+from study.sweep.spec import Plan
+
+
+@dataclass(frozen=True)
+class FrozenStep:
+    """One command on the frozen model, run by a sweep."""
+
+    label: str  # the `study` verb and the console label: "probe" or "analyze"
+    noun: str  # "the probe", in messages
+    module: str  # the module whose `main(argv)` runs it (study.cli's VERBS entry)
+    argv: list[str]
+    result: Path  # the file that records the arguments it ran with
+    recorded: Callable[[dict], Any]  # those arguments, read from the result
+    log: Path
+    lock_dir: Path  # the sweep's folder: the lock is <lock_dir>/<label>.lock
+    replace: Path | None = None  # a folder removed before a rerun (`study analyze` never writes into one)
+
+    def cached(self) -> bool:
+        """The result exists and records these arguments (a damaged or older one is redone)."""
+        return self.result.is_file() and self.recorded(read_json(self.result, []) or {}) == self.argv
+
+    def lock(self) -> RunLock:
+        return RunLock(self.lock_dir, name=f"{self.label}.lock")
+
+    def prepare(self) -> None:
+        if self.replace is not None and self.replace.exists():
+            shutil.rmtree(self.replace)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        """The `study <verb>` subprocess (the spec's own `--threads` travels in argv)."""
+        return [sys.executable, "-m", "study.cli", self.label, *self.argv]
+
+    def say_cached(self) -> None:
+        print(f"{self.label}: cached ({self.result})", flush=True)
+
+    def say_done(self, code: int, seconds: float) -> bool:
+        if code != 0:
+            print(f"study sweep: {self.noun} failed (see {self.log}); the report goes without it", file=sys.stderr,
+                  flush=True)
+            return False
+        print(f"{self.label}: finished in {format_seconds(seconds)} ({self.result})", flush=True)
+        return True
+
+    def say_busy(self, held: RunBusy) -> None:
+        print(f"{self.label}: being run by another process ({held}); left to it", flush=True)
+
+
+def frozen_steps(plan: Plan) -> list[FrozenStep]:
+    """The sweep's probe and analysis, those its spec enables, longest first."""
+    steps = []
+    if plan.probe:
+        out = plan.sweep_dir / "probe"
+        steps.append(FrozenStep("probe", "the probe", "study.probe.command", plan.probe, out / "probe.json",
+                                lambda result: result.get("argv"), log=out / "probe.log", lock_dir=plan.sweep_dir))  # fmt: skip
+    if plan.analyze:
+        out = plan.sweep_dir / "analyze"
+        steps.append(FrozenStep("analyze", "the analysis", "study.analysis.command", plan.analyze,
+                                out / "results.json", lambda result: (result.get("source") or {}).get("argv"),
+                                log=plan.sweep_dir / "analyze.log", lock_dir=plan.sweep_dir, replace=out))  # fmt: skip
+    return steps
+
+
+def run_in_process(step: FrozenStep, quiet: bool = True) -> bool | None:
+    """Run ``step`` here (``quiet``: its output to its log). True: done or cached; False: failed; None: another
+    process holds it."""
+    if step.cached():
+        step.say_cached()
+        return True
+    try:
+        with step.lock():
+            if step.cached():  # finished by another process meanwhile
+                step.say_cached()
+                return True
+            step.prepare()
+            t0 = time.perf_counter()
+            with run_console(step.log, quiet=quiet):
+                code = importlib.import_module(step.module).main(list(step.argv))
+            return step.say_done(code, time.perf_counter() - t0)
+    except RunBusy as held:
+        step.say_busy(held)
+        return None
+
+
+class Launched:
+    """A step running as a subprocess of the pool, holding its lock until `finish`."""
+
+    def __init__(self, step: FrozenStep, lock: RunLock) -> None:
+        self.step, self.lock = step, lock
+        step.prepare()
+        self.log = open(step.log, "ab")  # noqa: SIM115 - closed in finish
+        self.proc = subprocess.Popen(step.command(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.started = time.perf_counter()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def finish(self) -> bool:
+        self.log.close()
+        self.lock.release()
+        return self.step.say_done(self.proc.returncode, time.perf_counter() - self.started)
+
+
+def launch(step: FrozenStep) -> Launched | bool | None:
+    """Start ``step`` as a subprocess; True when cached, None when another process holds it."""
+    if step.cached():
+        step.say_cached()
+        return True
+    lock = step.lock()
+    try:
+        lock.acquire()
+    except RunBusy as held:
+        step.say_busy(held)
+        return None
+    try:
+        return Launched(step, lock)
+    except BaseException:
+        lock.release()
+        raise

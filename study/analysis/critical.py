@@ -136,4 +136,4 @@ def _claims(results: dict) -> list[dict]:
 
 
 CRITICAL = Analysis(name="alg3_critical", layer=_layer, results=_results, figures=_figures, scalars=_scalars,
-                    claims=_claims)
+                    claims=_claims, window_keys=("d_windows", "e_windows"))

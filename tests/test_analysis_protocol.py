@@ -238,7 +238,7 @@ def test_write_outputs_of_chosen_analyses(tmp_path):
     model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
     res = analyze(model, torch.randint(0, 64, (2, 32)), **SMALL, analyses=["critical", "dilution"])
     paths = write_outputs(res, tmp_path)
-    assert {"fig2c", "dilution"} <= set(paths) and not {"fig2a", "fig3", "fig4"} & set(paths)
+    assert {"fig2c", "fig2c_ratio", "dilution"} <= set(paths) and not {"fig2a", "fig3", "fig4"} & set(paths)
     rows = (tmp_path / "per_head.csv").read_text().splitlines()[1:]
     assert rows and {r.split(",")[0] for r in rows} == {"lemma1"}
     table_rows = [line for line in (tmp_path / "claims.md").read_text().splitlines() if line.startswith("| ")][1:]

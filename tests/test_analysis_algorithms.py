@@ -164,6 +164,19 @@ def test_dilution_uniform_rows():
     torch.testing.assert_close(got["scaled_max"], torch.ones(n))
 
 
+def test_dilution_of_chosen_rows_equals_those_rows_of_every_row():
+    """`rows=` (what `study analyze` reports: n = each L) gives exactly those rows of the whole computation."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.softmax(torch.randn(2, 3, 12, 12, generator=gen).masked_fill(~torch.ones(12, 12).tril().bool(),
+                                                                        -math.inf), -1)
+    every, chosen = dilution_stats(w), dilution_stats(w, rows=[0, 4, 11])
+    for key in ("max_weight", "scaled_min", "scaled_max", "entropy"):
+        torch.testing.assert_close(chosen[key], every[key][..., [0, 4, 11]], atol=0, rtol=0)
+    assert chosen["visible"] == [1, 5, 12]
+    with pytest.raises(ValueError, match="got row 12"):
+        dilution_stats(w, rows=[3, 12])
+
+
 def test_critical_n_ks():
     gen = torch.Generator().manual_seed(0)
     d = torch.rand(3, 40, generator=gen)

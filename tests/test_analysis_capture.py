@@ -1,6 +1,7 @@
 """The capture reproduces the model's own (eager) attention weights, for GPT-2 and a GQA + RoPE Llama."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -68,3 +69,59 @@ def test_capture_rejects_bad_input():
         capture_attention(model, torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="shape"):
         capture_attention(model, torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_capture_keeps_only_the_chosen_layers():
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(_llama_config()).eval()
+    ids = torch.randint(0, 64, (2, 16))
+    full = capture_attention(model, ids)
+    lean = capture_attention(model, ids, layers=[1])
+    assert lean.n_layers == 2 and lean.kept_layers == [1] and lean.queries[0] is None and lean.n_heads == 4
+    torch.testing.assert_close(lean.weights(1), full.weights(1), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="layer 0 was not kept"):
+        lean.weights(0)
+    with pytest.raises(ValueError, match="layer 0 was not kept"):
+        lean.vectors(0)
+    with pytest.raises(ValueError, match=r"layers \[5\] not in the model"):
+        capture_attention(model, ids, layers=[5])
+    first = capture_attention(model, ids, layers=[0])  # the forward pass stops after layer 0's inputs
+    assert first.n_layers == 2 and first.kept_layers == [0] and math.isnan(first.scalings[1])
+    torch.testing.assert_close(first.weights(0), full.weights(0), atol=0, rtol=0)
+
+
+def test_capture_under_blockwise_attention_equals_the_dense_one():
+    """At long L the model's attention runs in blocks of query rows while the capture records its inputs (they
+    come with the first block): the same q, k, v and weights as on the dense path."""
+    from study.attention import blockwise_settings
+
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(_llama_config()).eval()
+    ids = torch.randint(0, 64, (1, 40))
+    dense = capture_attention(model, ids)
+    with blockwise_settings(min_scores=0, block_scores=4 * 40 * 7):  # 7 query rows a block
+        blocks = capture_attention(model, ids)
+    for layer in range(2):
+        torch.testing.assert_close(blocks.queries[layer], dense.queries[layer], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(blocks.values[layer], dense.values[layer], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(blocks.weights(layer), dense.weights(layer), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [None, "sparsemax", "top_k"])
+def test_weights_in_row_blocks_equal_one_piece(monkeypatch, spec):
+    """Above WEIGHTS_IN_ONE_PIECE scores a layer's weights are normalised a block of rows at a time."""
+    from study.analysis import capture as capture_module
+    from study.attention import AttentionSpec, apply_attention_spec
+
+    torch.manual_seed(5)
+    model = GPT2LMHeadModel(_gpt2_config()).eval()
+    if spec is not None:
+        model = apply_attention_spec(model, AttentionSpec(normalizer="sparsemax") if spec == "sparsemax"
+                                     else AttentionSpec(normalizer="softmax", top_k=3))
+    cap = capture_attention(model, torch.randint(0, 64, (2, 24)))
+    whole = cap.weights(1)
+    monkeypatch.setattr(capture_module, "WEIGHTS_IN_ONE_PIECE", 0)
+    monkeypatch.setattr(capture_module, "WEIGHTS_BLOCK", 2 * 4 * 24 * 5)  # 5 rows a block
+    torch.testing.assert_close(cap.weights(1), whole, atol=0, rtol=0)
+    torch.testing.assert_close(cap.weights(1, temperature=0.5), cap.normalize(1, cap.logits(1) / 0.5),
+                               atol=1e-6, rtol=1e-5)

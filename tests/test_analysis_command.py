@@ -91,6 +91,8 @@ def test_analyze_checkpoint_uses_its_spec_and_the_tokenizer_beside_it(saved, tmp
     (["--temperatures", "-1"], "T=-1.0"),
     (["--lengths", "0"], "L=0"),
     (["--threads", "0"], "--threads"),
+    (["--critical-ns", "1", "0"], "N=0"),
+    (["--lengths", "16", "--critical-ns", "1", "17"], "N=17"),
 ])
 def test_bad_numbers_fail_naming_the_value(saved, tmp_path, capsys, extra, message):
     root, _ = saved
@@ -117,6 +119,15 @@ def test_missing_and_empty_inputs(saved, tmp_path, capsys):
         assert main([*argv, "--out", str(tmp_path / "o")]) == 2, argv
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_bad_analysis_names_fail_before_the_model_loads(tmp_path, capsys):
+    """A misspelt analysis is named with the choices, before anything is read (the model here does not exist)."""
+    assert main(["--model", str(tmp_path / "no-model"), "--text", str(tmp_path / "no.txt"), "--out",
+                 str(tmp_path / "o"), "--analyses", "critical", "dilutoin"]) == 2
+    err = capsys.readouterr().err
+    assert "--analyses: unknown analysis 'dilutoin'" in err and "critical, separability, gradient, dilution" in err
+    assert "no-model" not in err and not (tmp_path / "o").exists()
 
 
 def test_verb_is_registered():

@@ -170,3 +170,76 @@ def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("analysis/toy")] == [(1, pytest.approx(
         res["toy_diagonal"]["diagonal"][1][0]))]
+
+
+def _assert_same(got, want, path="results"):
+    """Nested results equal: the same keys and None entries, numbers within fp32 reordering."""
+    if isinstance(want, dict):
+        assert list(got) == list(want), path
+        for key in want:
+            _assert_same(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-8), path
+    else:
+        assert got == want, path
+
+
+LEAN_BLOCKS = ("alg3_critical_n", "alg3_critical_n_by_window", "lemma1_dilution", "lemma1_fixed_query_by_window")
+
+
+@pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama-gqa"])
+def test_windows_one_at_a_time_equal_every_analysis_at_once(config):
+    """The long-context mode (critical and dilution, the windows captured and analysed one by one, only the
+    analysed layers kept) gives the numbers of the default run, all analyses on all windows at once."""
+    torch.manual_seed(3)
+    model = (GPT2LMHeadModel if config is GPT2 else LlamaForCausalLM)(copy.deepcopy(config)).eval()
+    ids = torch.randint(0, 64, (3, 32))
+    full = analyze(model, ids, **SMALL)
+    lean = analyze(model, ids, **SMALL, analyses=["dilution", "critical"], layers=[1])
+    assert full["choices"].get("windows") is None and lean["choices"]["windows"].startswith("one at a time")
+    assert lean["choices"]["analyses"] == ["critical", "dilution"]  # the table's order
+    assert set(LEAN_BLOCKS) <= set(lean) and "alg5_gradient" not in lean and "alg1_distance_vs_length" not in lean
+    assert {c["claim"].split(" ")[0] for c in lean["claims"]} == {"N*", "Lemma"}
+    one_layer = analyze(model, ids, **SMALL, layers=[1])  # every analysis at once, on the same layer
+    for key in LEAN_BLOCKS:
+        _assert_same(lean[key], one_layer[key], key)
+    # And on every layer, the lean mode against the default run.
+    lean_all = analyze(model, ids, **SMALL, analyses=["critical", "dilution"])
+    for key in LEAN_BLOCKS:
+        _assert_same(lean_all[key], full[key], key)
+    # all at once on request: the same numbers again
+    at_once = analyze(model, ids, **SMALL, analyses=["critical", "dilution"], one_window_at_a_time=False)
+    assert "windows" not in at_once["choices"]
+    for key in LEAN_BLOCKS:
+        _assert_same(at_once[key], lean_all[key], key)
+
+
+def test_analyses_are_chosen_by_name():
+    model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
+    ids = torch.randint(0, 64, (2, 16))
+    with pytest.raises(ValueError, match=r"'bogus'.*distance, critical, separability, gradient, dilution"):
+        analyze(model, ids, lengths=[16], analyses=["critical", "bogus"])
+    with pytest.raises(ValueError, match="no analysis"):
+        analyze(model, ids, lengths=[16], analyses=[])
+    # Random draws per batch (Monte Carlo subsets, the gradient probe's directions): not one window at a time.
+    with pytest.raises(ValueError, match=r"alg5_gradient.*one text window at a time"):
+        analyze(model, ids, lengths=[16], analyses=["critical", "gradient"], one_window_at_a_time=True)
+    res = analyze(model, ids, lengths=[16], temperatures=[0.1, 1.0], analyses=["gradient"], mc_samples=0,
+                  spectral_rows=2)
+    assert "windows" not in res["choices"] and set(res["seconds_by_step"]) == {"capture", "alg5_gradient"}
+
+
+def test_write_outputs_of_chosen_analyses(tmp_path):
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
+    res = analyze(model, torch.randint(0, 64, (2, 32)), **SMALL, analyses=["critical", "dilution"])
+    paths = write_outputs(res, tmp_path)
+    assert {"fig2c", "fig2c_ratio", "dilution"} <= set(paths) and not {"fig2a", "fig3", "fig4"} & set(paths)
+    rows = (tmp_path / "per_head.csv").read_text().splitlines()[1:]
+    assert rows and {r.split(",")[0] for r in rows} == {"lemma1"}
+    table_rows = [line for line in (tmp_path / "claims.md").read_text().splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" (")[0] for row in table_rows] == ["| N* ~ 0.06 L", "| N* ~ 0.06 L", "| Lemma 1: C1/n <= alpha_i <= C2/n"]

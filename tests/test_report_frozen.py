@@ -21,7 +21,8 @@ LENGTHS = [32, 64, 128, 256]
 
 
 def results(windows: int = 20, n_star_ratio: float = 0.06, separability: float = 0.78, slope: float = -1.0,
-            drop: float = 100.0, noise: float = 0.05, seed: int = 0, dilution: float = -0.9) -> dict:
+            drop: float = 100.0, noise: float = 0.05, seed: int = 0, dilution: float = -0.9,
+            n_star_slope: float = 1.0) -> dict:
     """A results.json as `study analyze --windows` writes it (only the per-window blocks the report reads)."""
     rng = np.random.default_rng(seed)
 
@@ -42,8 +43,11 @@ def results(windows: int = 20, n_star_ratio: float = 0.06, separability: float =
         "alg3_critical_n_by_window": {
             "lengths": LENGTHS,
             "n_star_over_length": {
-                "0.01": [[None, None, None, n_star_ratio * jitter()] for _ in range(windows)],
-                "0.05": [[None, None, None, 1.5 * n_star_ratio * jitter()] for _ in range(windows)],
+                # N* = n_star_ratio * L_max * (L / L_max)^n_star_slope, as N*/L
+                "0.01": [[n_star_ratio * (n / LENGTHS[-1]) ** (n_star_slope - 1) * jitter() for n in LENGTHS]
+                         for _ in range(windows)],
+                "0.05": [[1.5 * n_star_ratio * (n / LENGTHS[-1]) ** (n_star_slope - 1) * jitter() for n in LENGTHS]
+                         for _ in range(windows)],
             },
         },
         "alg4_separability_by_window": {
@@ -64,14 +68,14 @@ def results(windows: int = 20, n_star_ratio: float = 0.06, separability: float =
 
 
 def by_name(found) -> dict:
-    keys = {"3. critical": "n_star", "4. N_s/N": "separability", "5. gradient sensitivity": "slope", "5. g drops": "drop",
+    keys = {"3. critical N* grows": "n_star_slope", "3. critical": "n_star", "4. N_s/N": "separability", "5. gradient sensitivity": "slope", "5. g drops": "drop",
             "1. Lemma 1": "lemma1"}
     return {next(v for k, v in keys.items() if f.claim.startswith(k)): f for f in found}
 
 
 def test_every_claim_true_is_supported_with_the_paper_value_and_experiment():
     found = by_name(Z.frozen_findings(results()))
-    for name in ("n_star", "separability", "slope", "drop"):
+    for name in ("n_star", "n_star_slope", "separability", "slope", "drop"):
         assert found[name].verdict == SUPPORTED, (name, found[name].value)
     for f in found.values():
         assert f.experiment == "frozen" and f.paper_value
@@ -87,6 +91,8 @@ def test_every_claim_true_is_supported_with_the_paper_value_and_experiment():
     (dict(slope=-2.0), "slope", "steeper than T^-1"),  # steeper is not "like 1/T" either
     (dict(drop=18.0), "drop", "below the range"),
     (dict(drop=2000.0), "drop", "above the range"),
+    (dict(n_star_slope=0.3), "n_star_slope", "shallower than L^1"),  # N* grows more slowly than L
+    (dict(n_star_slope=1.6), "n_star_slope", "steeper than L^1"),
 ])
 def test_a_false_claim_is_not_supported_and_says_which_way(changes, name, side):
     found = by_name(Z.frozen_findings(results(**changes)))
@@ -111,6 +117,33 @@ def test_n_star_never_reached_counts_as_n_equal_l_and_is_named():
     assert "1 window(s) never reached" in finding.value
     # geometric mean of 19 x 0.06 and one 1.0
     assert float(finding.value.split()[0]) == pytest.approx(math.exp((19 * math.log(0.06)) / 20), rel=1e-3)
+
+
+def test_n_star_slope_is_the_fitted_exponent_with_n_star_over_l_per_length():
+    """N* = 0.06 L^0.7 * 256^0.3 exactly: the slope is 0.7 (not supported: shallower than L^1, the interval of equal
+    slopes has no width), and N*/L is given at every L; points that never reached p >= alpha leave the fit."""
+    res = results(n_star_slope=0.7, noise=0.0)
+    finding = Z.n_star_slope_finding(res)
+    assert float(finding.value.split()[0]) == pytest.approx(0.7, abs=1e-9)
+    assert finding.verdict == NOT_SUPPORTED and "shallower than L^1" in finding.value
+    assert f"32: {0.06 * (32 / 256) ** -0.3:.3g}, 64:" in finding.value and "256: 0.06" in finding.value
+    assert finding.paper_value.startswith("N* proportional to L") and finding.experiment == "frozen"
+    res["alg3_critical_n_by_window"]["n_star_over_length"]["0.01"][0][0] = None
+    finding = Z.n_star_slope_finding(res)
+    assert "1 (window, L) point(s) never reached p >= 0.01 (left out of the fits)" in finding.value
+    assert float(finding.value.split()[0]) == pytest.approx(0.7, abs=1e-9)  # the window's other 3 L still fit 0.7
+    # one length: no slope
+    one = results()
+    block = one["alg3_critical_n_by_window"]
+    block["lengths"], block["n_star_over_length"] = [256], {a: [r[-1:] for r in v] for a, v in block["n_star_over_length"].items()}
+    finding = Z.n_star_slope_finding(one)
+    assert finding.verdict == INCONCLUSIVE and "a slope needs two or more" in finding.value
+
+
+def test_an_analysis_of_critical_and_dilution_only_gives_their_findings():
+    res = results()
+    del res["alg4_separability_by_window"], res["alg5_gradient_by_window"]
+    assert set(by_name(Z.frozen_findings(res))) == {"n_star", "n_star_slope", "lemma1"}
 
 
 def test_slope_interval_is_paired_over_windows_and_its_estimate_is_the_fitted_exponent():

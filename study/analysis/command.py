@@ -4,7 +4,7 @@
                   [--tokenizer gpt2|DIR] [--lengths L ...] [--ns N ...] [--temperatures T ...]
                   [--vectors value|hidden] [--out DIR] [--max-length L] [--layers I ...]
                   [--device cpu|cuda] [--tensorboard] [--no-figures] [--n-fixed N] [--mc-samples K] [--seed S] [--threads N]
-                  [--windows K] [--epsilons E ...]
+                  [--windows K] [--epsilons E ...] [--critical-ns N ...] [--analyses distance|critical|separability|gradient|dilution ...]
 
 Everything cheap is checked first (numbers, files, the text, the model's context from its config) so that a
 bad value fails with a message naming it before the model runs. Results go to --out (default
@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=int, nargs="+", default=None,
                    help="sequence lengths L for Alg. 1 (default: powers of two from 32 to --max-length)")
     p.add_argument("--ns", type=int, nargs="+", default=None, help="top-N sizes for Alg. 2 (default: 1 5 10 20 100)")
+    p.add_argument("--critical-ns", type=int, nargs="+", default=None,
+                   help="the grid of N that Alg. 3 searches N* on (default: every N up to 16, then 40 log-spaced "
+                        "values up to the longest L); its cost grows with the number of values")
     p.add_argument("--n-fixed", type=int, default=5, help="N of Alg. 1 (default: 5)")
     p.add_argument("--temperatures", type=float, nargs="+", default=None,
                    help="temperatures of Alg. 5 (default: 17 values, log-spaced 1e-3 ... 10)")
@@ -41,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--windows", type=int, default=None,
                    help="analyse K independent windows of L tokens spread over the text (each held-out play for "
                         "'shakespeare'), the replicates of the per-window results (default: one, the text's start)")
+    p.add_argument("--analyses", nargs="+", default=None, metavar="NAME",
+                   help="the analyses to run (default: all): distance (Alg. 1-2), critical (Alg. 3), separability "
+                        "(Alg. 4), gradient (Alg. 5), dilution (Lemma 1). With critical and dilution alone the "
+                        "windows are analysed one at a time, so long contexts (L = 8192) fit in a few GB")
     p.add_argument("--vectors", choices=("value", "hidden"), default="value",
                    help="the x_i of the theorems: per-head value vectors or the block's input hidden states")
     p.add_argument("--out", default=None, help="output folder (default: logs/analysis/<model name>/)")
@@ -68,7 +75,7 @@ def check_numbers(args) -> None:
                 raise AnalyzeError(f"L must be >= 1, got L={n}")
     if args.max_length is not None and args.max_length < 1:
         raise AnalyzeError(f"--max-length must be >= 1, got L={args.max_length}")
-    for n in (args.ns or []) + [args.n_fixed]:
+    for n in (args.ns or []) + (args.critical_ns or []) + [args.n_fixed]:
         if n < 1:
             raise AnalyzeError(f"N must be >= 1, got N={n}")
     if args.temperatures:
@@ -87,6 +94,13 @@ def check_numbers(args) -> None:
     for i in args.layers or []:
         if i < 0:
             raise AnalyzeError(f"layer indices must be >= 0, got layer {i}")
+    if args.analyses is not None:
+        from .table import check_names
+
+        try:
+            check_names(args.analyses)
+        except ValueError as err:
+            raise AnalyzeError(f"--analyses: {err}") from err
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise AnalyzeError(f"--device must be cpu or cuda, got {args.device!r}")
 
@@ -167,7 +181,7 @@ def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
         raise AnalyzeError(f"N={args.n_fixed} exceeds L={longest}")
     if args.lengths and args.n_fixed > min(args.lengths):
         raise AnalyzeError(f"N={args.n_fixed} exceeds L={min(args.lengths)}")
-    for n in args.ns or []:  # explicit N only: the paper's default grid is filtered to N <= L
+    for n in (args.ns or []) + (args.critical_ns or []):  # explicit N only: the default grids are filtered to N <= L
         if n > longest:
             raise AnalyzeError(f"N={n} exceeds L={longest}")
     return (sorted(set(args.lengths)) if args.lengths else None), longest
@@ -236,7 +250,8 @@ def run(args) -> Path:
     out = fresh_dir(out)
     results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
                       temperatures=args.temperatures, epsilons=args.epsilons or PAPER_EPSILONS, vectors=args.vectors, mc_samples=args.mc_samples,
-                      seed=args.seed, layers=args.layers, show_progress=True)
+                      seed=args.seed, layers=args.layers, analyses=args.analyses, critical_ns=args.critical_ns,
+                      show_progress=True)
     results["source"] = {"model": named, "model_kind": kind, "text": args.text,
                          "tokenizer": args.tokenizer or "the model's own", "device": args.device,
                          "windows": origins, "argv": getattr(args, "argv", None)}

@@ -111,7 +111,28 @@ def _figures(results: dict, out: Path) -> dict[str, Path]:
     ax.set_ylabel("critical N*")
     ax.set_title("Fig. 2c: critical N vs L")
     ax.legend()
-    return {"fig2c": plots.save(fig, out / "fig2c_critical_n.png")}
+    paths = {"fig2c": plots.save(fig, out / "fig2c_critical_n.png")}
+    block = results["alg3_critical_n_by_window"]
+    if len(block["lengths"]) > 1:  # N*/L against L on log axes, each window and their geometric mean
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ls = block["lengths"]
+        for i, alpha in enumerate(ch["alphas"]):
+            rows = np.array([[np.nan if v is None else v for v in row] for row in block["n_star_over_length"][str(alpha)]])
+            for row in rows:
+                ax.plot(ls, row, "-", color=f"C{i}", alpha=0.3, lw=0.8)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mean = np.exp(np.nanmean(np.log(rows), axis=0)) if np.isfinite(rows).any() else rows[0]
+            ax.plot(ls, mean, "o-", color=f"C{i}", lw=2,
+                    label=f"KS alpha={alpha}: {len(rows)} window(s), geometric mean bold")
+        ax.axhline(0.06, color="k", ls="--", label="paper: N* = 0.06 L")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("L")
+        ax.set_ylabel("N* / L")
+        ax.set_title("critical N* over L against L, per text window")
+        ax.legend()
+        paths["fig2c_ratio"] = plots.save(fig, out / "fig2c_n_star_over_length.png")
+    return paths
 
 
 def _scalars(results: dict):
@@ -136,4 +157,4 @@ def _claims(results: dict) -> list[dict]:
 
 
 CRITICAL = Analysis(name="alg3_critical", layer=_layer, results=_results, figures=_figures, scalars=_scalars,
-                    claims=_claims)
+                    claims=_claims, window_keys=("d_windows", "e_windows"))

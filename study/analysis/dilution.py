@@ -30,18 +30,26 @@ from .rows import causal_visible, flatten_rows
 
 
 @torch.no_grad()
-def dilution_stats(weights: torch.Tensor) -> dict:
+def dilution_stats(weights: torch.Tensor, rows: Sequence[int] | None = None) -> dict:
     """Lemma 1 per causal row of `weights` (..., L, L).
 
     Returns (..., L) tensors max_weight, scaled_min, scaled_max (n times the min / max weight over the n visible
     keys), entropy (nats, of the row as a distribution: `study.metrics.as_distribution` then
     `study.metrics.row_entropy`, the monitors' convention, see `study.metrics.attention`: 0 log 0 = 0, rows that
-    do not sum to 1 such as self_adjust's become |w| / sum |w|), and "visible" (n per row).
+    do not sum to 1 such as self_adjust's become |w| / sum |w|), and "visible" (n per row). `rows`: only those
+    rows (positions 0..L-1), each statistic then (..., len(rows)), with no copy of the whole map.
     """
     lead, w, _ = flatten_rows(weights)
     L = w.shape[-1]
     pos = torch.arange(L, device=w.device)
     visible = causal_visible(L, w.device)
+    if rows is not None:
+        bad = [r for r in rows if not 0 <= int(r) < L]
+        if bad:
+            raise ValueError(f"rows must lie in 0..{L - 1}, got row {bad[0]}")
+        pos = torch.tensor([int(r) for r in rows], device=w.device, dtype=torch.long)
+        w, visible = w[:, pos], visible[pos]
+        L = len(pos)
     n = (pos + 1).to(w.dtype)
     wmax = w.masked_fill(~visible, -math.inf).amax(-1)  # (P, L)
     wmin = w.masked_fill(~visible, math.inf).amin(-1)
@@ -57,7 +65,7 @@ def fixed_query_dilution(logits: torch.Tensor, queries: torch.Tensor, keys: torc
     """Lemma 1 for fixed queries: the last query of each (..., head) attends by softmax(l / T) to its n most
     recent keys only, for each n in `counts` (the same query, a context of n keys ending at it).
 
-    logits (..., L, L) scaled q.k; queries, keys (..., L, Dh) with `scaling` the model's factor on q.k. Returns
+    logits (..., L, L) scaled q.k (or its last row, (..., 1, L)); queries, keys (..., L, Dh) with `scaling` the model's factor on q.k. Returns
     (..., len(counts)) float64 tensors:
       max_weight, entropy (nats), normalized_entropy (H / log n; 1 = uniform), scaled_max (n * max weight),
       scaled_min (n * min weight);
@@ -66,7 +74,7 @@ def fixed_query_dilution(logits: torch.Tensor, queries: torch.Tensor, keys: torc
       log10_paper_bound: log10 exp(2 D / T), D = |q| max_i |k_i| * scaling (Cauchy-Schwarz bounds every logit by
         D): the constant of Lemma 1 as the paper states it.
     """
-    L = logits.shape[-1]
+    L = logits.shape[-1]  # the last row alone, (..., 1, L), is enough
     counts = [int(n) for n in counts]
     bad = [n for n in counts if not 1 <= n <= L]
     if bad:
@@ -101,12 +109,12 @@ FIXED_QUERY = ("max_weight", "normalized_entropy", "scaled_max", "log10_range_bo
 
 
 def _layer(settings: Settings, layer: LayerInput) -> dict:
-    dl = dilution_stats(layer.weights)
-    rows = [n - 1 for n in settings.grids.lengths]
-    out = {k: dl[k][:, :, rows].double().mean(0) for k in STATISTICS}  # (H, nL)
+    dl = dilution_stats(layer.weights, rows=[n - 1 for n in settings.grids.lengths])  # the rows at n = each L
+    out = {k: dl[k].double().mean(0) for k in STATISTICS}  # (H, nL)
     cap, index = layer.capture, layer.index
     if cap.is_softmax(index):  # the lemma's closed form is softmax's; other maps get NaN
-        fixed = fixed_query_dilution(layer.logits(), cap.queries[index], cap.keys[index], cap.scalings[index],
+        last = cap.logits(index, dtype=layer.dtype, rows=slice(-1, None))  # the last query's row alone (B, H, 1, L)
+        fixed = fixed_query_dilution(last, cap.queries[index], cap.keys[index], cap.scalings[index],
                                      settings.grids.lengths, cap.spec(index).temperature)
     else:
         shape = (*layer.weights.shape[:2], len(settings.grids.lengths))
@@ -179,4 +187,4 @@ def _claims(results: dict) -> list[dict]:
 
 
 DILUTION = Analysis(name="lemma1_dilution", layer=_layer, results=_results, csv_rows=_csv_rows,
-                    figures=_figures, scalars=_scalars, claims=_claims)
+                    figures=_figures, scalars=_scalars, claims=_claims, window_keys=("fixed_query",))

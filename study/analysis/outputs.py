@@ -19,13 +19,13 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     ch = results["choices"]
     paths = {"json": out / "results.json", "csv": out / "per_head.csv", "claims": out / "claims.md"}
     paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False))
-    n_analysed = len(results["lemma1_dilution"]["max_weight"])
-    ids = ch.get("layers") or list(range(n_analysed))  # per-layer arrays are in this order
+    ids = ch.get("layers") or list(range(results["model"]["layers"]))  # per-layer arrays are in this order
+    chosen = table.chosen(results)
 
     with paths["csv"].open("w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(CSV_HEADER)
-        for analysis in table.ANALYSES:
+        for analysis in chosen:
             wr.writerows(analysis.csv_rows(results, ids))
 
     lines = ["| claim (paper) | measured | rule | verdict |", "|---|---|---|---|"]
@@ -40,7 +40,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
                   "(docs/findings.md, frozen-model findings)."]
     paths["claims"].write_text("\n".join(lines) + "\n")
     if figures:
-        for analysis in table.ANALYSES:
+        for analysis in chosen:
             paths.update(analysis.figures(results, out))
     return {k: str(v) for k, v in paths.items()}
 
@@ -52,7 +52,7 @@ def write_tensorboard(results: dict, out: Path) -> Path:
 
     writer = SummaryWriter(log_dir=str(out))
     try:
-        for analysis in table.ANALYSES:
+        for analysis in table.chosen(results):
             for tag, value, step in analysis.scalars(results):
                 writer.add_scalar(tag, value, step)
     finally:

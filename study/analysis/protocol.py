@@ -31,7 +31,7 @@ from .capture import capture_attention, context_length
 from .distance import distance_stats
 from .grids import PAPER_EPSILONS, PAPER_NS, Grids, check_grids
 from .reference import distance_row
-from .registration import LayerInput, Settings
+from .registration import LayerInput, Settings, merge_windows
 from .rows import causal_visible
 
 __all__ = ["PAPER_EPSILONS", "PAPER_NS", "analyze", "benchmark_against_oracle", "compare_with_paper"]
@@ -56,17 +56,31 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
             epsilons: Sequence[float] = PAPER_EPSILONS, vectors: str = "value", mc_samples: int = 4,
             alphas: Sequence[float] = (0.01, 0.05), spectral_rows: int = 32, seed: int = 0,
             dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None,
+            analyses: Sequence[str] | None = None, one_window_at_a_time: bool | None = None,
             show_progress: bool = False) -> dict:
     """Capture the model's attention on `input_ids` (B, L) and run Algorithms 1-5 and Lemma 1.
 
     Returns plain Python (JSON-serialisable) results: every per-head number, the aggregates, and the
     choices made (vectors, distance reading, alpha values, reconstructions). The longest length is
     input_ids.shape[1]; `lengths` must lie in [1, that]. `layers` restricts the analyses to those layer
-    indices (all by default); per-layer arrays follow `choices["layers"]`. `show_progress` reports each layer
-    with the time left (`study.progress`).
+    indices (all by default); per-layer arrays follow `choices["layers"]`. `analyses` names the analyses to run
+    (`table.BY_NAME`; all by default). `show_progress` reports each layer with the time left (`study.progress`).
+
+    Only the analysed layers' q, k, v are kept. `one_window_at_a_time`: capture and analyse the text windows (the
+    rows of input_ids) one by one and merge them (`registration.merge_windows`: the same results as all at once),
+    so that one window's (H, L, L) weights are in memory at a time; None does so whenever every chosen analysis
+    can (`Analysis.window_keys`: critical and dilution), True requires it.
     """
     if vectors not in ("value", "hidden"):
         raise ValueError(f"vectors must be 'value' or 'hidden', got {vectors!r}")
+    names = None if analyses is None else table.check_names(analyses)
+    chosen = list(table.ANALYSES) if names is None else [table.BY_NAME[name] for name in names]
+    windowable = all(a.window_keys is not None for a in chosen)
+    if one_window_at_a_time and not windowable:
+        cannot = [a.name for a in chosen if a.window_keys is None]
+        raise ValueError(f"analyses {cannot} cannot run one text window at a time (they draw random numbers per "
+                         "batch); choose among critical, dilution")
+    one_window_at_a_time = windowable if one_window_at_a_time is None else one_window_at_a_time
     input_ids = torch.as_tensor(input_ids)
     if input_ids.ndim == 1:
         input_ids = input_ids[None]
@@ -79,39 +93,64 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     input_ids = input_ids[:, : grids.max_len]
 
     started, started_cpu = time.perf_counter(), time.process_time()
-    cap = capture_attention(model, input_ids, hidden_states=(vectors == "hidden"))
-    if layers is None:
-        layers = list(range(cap.n_layers))
-    else:
-        layers = sorted({int(i) for i in layers})
-        bad = [i for i in layers if not 0 <= i < cap.n_layers]
-        if bad or not layers:
-            raise ValueError(f"layers {bad or layers} not in the model, which has layers 0..{cap.n_layers - 1}")
     settings = Settings(grids=grids, mc_samples=mc_samples, seed=seed, alphas=list(alphas))
-    per_layer: dict[str, list[dict]] = {a.name: [] for a in table.ANALYSES}  # each analysis' layers, in order
-    seconds = {"capture": time.perf_counter() - started, **{a.name: 0.0 for a in table.ANALYSES}}
+    seconds = {"capture": 0.0, **{a.name: 0.0 for a in chosen}}
     # CPU time beside wall time: on a shared machine only the former measures the work
-    cpu = {"capture": time.process_time() - started_cpu, **{a.name: 0.0 for a in table.ANALYSES}}
-    for index in progress(layers, "analyze", unit="layer", enabled=show_progress):
-        layer = LayerInput(capture=cap, index=index, weights=cap.weights(index, dtype=dtype),
-                           vectors=cap.vectors(index, vectors, dtype=dtype), dtype=dtype)
-        for analysis in table.ANALYSES:
-            with timed(seconds, analysis.name, cpu):
-                per_layer[analysis.name].append(analysis.layer(settings, layer))
-        del layer
+    cpu = {"capture": 0.0, **{a.name: 0.0 for a in chosen}}
+    batches = [input_ids[w:w + 1] for w in range(input_ids.shape[0])] if one_window_at_a_time else [input_ids]
+    # per_window[analysis][batch][layer]: each analysis' layer outputs, per batch of windows, layers in order
+    per_window: dict[str, list[list[dict]]] = {a.name: [] for a in chosen}
+    bar = None
+    for batch in batches:
+        with timed(seconds, "capture", cpu):
+            cap = capture_attention(model, batch, hidden_states=(vectors == "hidden"), layers=layers)
+        if bar is None:
+            layers = _check_layers(layers, cap.n_layers)
+            units = [(w, index) for w in range(len(batches)) for index in layers]
+            label = (lambda u: f"{u[1]} (window {u[0]})") if len(batches) > 1 else (lambda u: str(u[1]))
+            bar = iter(progress(units, "analyze", unit="layer", enabled=show_progress, label=label))
+        for analysis in chosen:
+            per_window[analysis.name].append([])
+        for index in layers:
+            next(bar)
+            layer = LayerInput(capture=cap, index=index, weights=cap.weights(index, dtype=dtype),
+                               vectors=cap.vectors(index, vectors, dtype=dtype), dtype=dtype)
+            for analysis in chosen:
+                with timed(seconds, analysis.name, cpu):
+                    per_window[analysis.name][-1].append(analysis.layer(settings, layer))
+            del layer
+    next(bar, None)  # the bar's end line
+    per_layer = {a.name: [merge_windows(a, list(outputs)) if one_window_at_a_time else outputs[0]
+                          for outputs in zip(*per_window[a.name])] for a in chosen}
 
     results = {
         "choices": _choices(grids, cap, layers, vectors=vectors, alphas=alphas, mc_samples=mc_samples, seed=seed,
                             dtype=dtype),
         "model": _model_summary(cap, layers, batch=int(input_ids.shape[0]), max_len=grids.max_len, context=limit),
-        **{key: block for a in table.ANALYSES for key, block in a.results(settings, per_layer[a.name]).items()},
+        **{key: block for a in chosen for key, block in a.results(settings, per_layer[a.name]).items()},
         "seconds": time.perf_counter() - started,
         "seconds_by_step": seconds,
         "cpu_seconds": time.process_time() - started_cpu,  # this process, all its threads
         "cpu_seconds_by_step": cpu,
     }
+    # Recorded only off the defaults, so that a run of every analysis all at once keeps its layout.
+    if names is not None and len(names) < len(table.BY_NAME):
+        results["choices"]["analyses"] = names
+    if one_window_at_a_time:
+        results["choices"]["windows"] = "one at a time, merged (the same numbers as all at once)"
     results["claims"] = compare_with_paper(results)
     return results
+
+
+def _check_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    """The analysed layers, sorted (every layer by default); ValueError naming one the model does not have."""
+    if layers is None:
+        return list(range(n_layers))
+    layers = sorted({int(i) for i in layers})
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad or not layers:
+        raise ValueError(f"layers {bad or layers} not in the model, which has layers 0..{n_layers - 1}")
+    return layers
 
 
 def _choices(grids: Grids, cap, layers: list[int], *, vectors: str, alphas, mc_samples: int, seed: int,
@@ -151,7 +190,7 @@ def _model_summary(cap, layers: list[int], *, batch: int, max_len: int, context:
 
 def compare_with_paper(results: dict) -> list[dict]:
     """The paper's quantitative claims beside our measurement, with the rule that decided the verdict."""
-    return [claim for analysis in table.ANALYSES for claim in analysis.claims(results)]
+    return [claim for analysis in table.chosen(results) for claim in analysis.claims(results)]
 
 
 def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, seed: int = 0,

@@ -75,6 +75,10 @@ class Analysis:
     figures  (results, output folder) -> {name: path} of the PNG figures it draws
     scalars  results -> (TensorBoard tag, value, step) for `study analyze --tensorboard`
     claims   results -> the paper's claims it checks, each {claim, measured, rule, verdict}
+    window_keys  the keys of its `layer` dict that hold one entry per text window (dim 0), or None when its
+             layer step cannot be run one window at a time (it draws random numbers per batch, or pools the
+             windows otherwise than by a mean). With a tuple, `study analyze` may run the windows one at a time
+             (long contexts) and `merge_windows` rebuilds what one call on every window gives.
     """
 
     name: str
@@ -84,6 +88,22 @@ class Analysis:
     figures: Callable[[dict, Path], dict[str, Path]] = _no_figures
     scalars: Callable[[dict], Iterator[tuple[str, float, int]]] = _no_scalars
     claims: Callable[[dict], list[dict]] = _no_claims
+    window_keys: tuple[str, ...] | None = None
+
+
+def merge_windows(analysis: Analysis, per_window: list[dict]) -> dict:
+    """One layer's `analysis.layer` outputs, computed one text window at a time, as one call on all the windows
+    gives them: the per-window entries (`analysis.window_keys`) concatenated in window order, every other entry
+    (a mean over windows and rows whose defined rows are the same in every window) averaged over the windows."""
+    if analysis.window_keys is None:
+        raise ValueError(f"analysis {analysis.name} cannot be run one text window at a time")
+
+    def merge(values: list, by_window: bool):
+        if isinstance(values[0], dict):
+            return {k: merge([v[k] for v in values], by_window) for k in values[0]}
+        return torch.cat(values, dim=0) if by_window else torch.stack(values).mean(0)
+
+    return {key: merge([w[key] for w in per_window], key in analysis.window_keys) for key in per_window[0]}
 
 
 def plain(value):

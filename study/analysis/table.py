@@ -19,3 +19,24 @@ ANALYSES = (
     GRADIENT,  # Algorithm 5: gradient sensitivity against temperature
     DILUTION,  # Lemma 1: max weight and n * min / max weight against the visible count
 )
+
+# The names `study analyze --analyses` takes, in the table's order.
+BY_NAME = {"distance": DISTANCE, "critical": CRITICAL, "separability": SEPARABILITY, "gradient": GRADIENT,
+           "dilution": DILUTION}
+
+
+def check_names(names) -> list[str]:
+    """The analyses named (in the table's order), or ValueError naming the bad value and the choices."""
+    names = list(names)
+    if not names:
+        raise ValueError(f"no analysis named; choose among {', '.join(BY_NAME)}")
+    for name in names:
+        if name not in BY_NAME:
+            raise ValueError(f"unknown analysis {name!r}; choose among {', '.join(BY_NAME)}")
+    return [name for name in BY_NAME if name in names]
+
+
+def chosen(results: dict) -> tuple:
+    """The analyses a results dict holds (`choices.analyses`; every analysis in results that predate the choice)."""
+    names = (results.get("choices") or {}).get("analyses")
+    return ANALYSES if names is None else tuple(BY_NAME[name] for name in check_names(names))

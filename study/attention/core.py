@@ -219,7 +219,7 @@ def attend(
 
         if first_pass and tap.active_taps():
             inputs = None
-            if rows == ALL:  # the analyses' recorders take whole calls only
+            if rows == ALL or rows.start == 0:  # the call's inputs, once: with its first block of rows
                 applied = {"softcap": softcap, "bias": bias, "sinks": sinks, "sliding_window": sliding_window,
                            "mask": mask}
                 inputs = tap.AttentionInputs(query.detach(), key.detach(), value.detach(), float(scaling), spec,

@@ -12,8 +12,9 @@ recompute logits at other temperatures. Monitors need only ``observe``.
 
 A tap whose ``observe`` only sums over rows may set ``row_blocks = True``: `attend`'s blockwise path
 (`study.attention.blockwise`, long contexts) then hands it each block of query rows as it is computed, several
-``observe`` calls per attention call with the same layer number, and never forms the whole map. While any open
-tap lacks the flag, attention keeps the dense explicit path, so such a tap still sees each call's full map once.
+``observe`` calls per attention call with the same layer number, and never forms the whole map (a tap that also
+records inputs gets them once, with the call's first block). While any open tap lacks the flag, attention keeps
+the dense explicit path, so such a tap still sees each call's full map once.
 
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 """
@@ -104,8 +105,8 @@ def active_taps() -> tuple[AttentionTap, ...]:
 
 def takes_row_blocks() -> bool:
     """Whether every open tap accepts its weights in blocks of query rows (``row_blocks = True``); a tap that
-    records a call's inputs (``observe_inputs``) takes whole calls only."""
-    return all(getattr(tap, "row_blocks", False) and not hasattr(tap, "observe_inputs") for tap in _state.taps)
+    records a call's inputs (``observe_inputs``) gets them with the call's first block."""
+    return all(getattr(tap, "row_blocks", False) for tap in _state.taps)
 
 
 def layer_number(layer: int | None) -> int:

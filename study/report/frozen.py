@@ -7,6 +7,7 @@ and the interval is over windows: texts are the independent unit, heads are summ
 two-stage summary, so the interval does not treat the heads of one text as independent draws).
 
     N*/L       critical N of Algorithm 3 (KS test of per-head d against E), paper: about 0.06 L
+    N* vs L    the log-log slope of N* against L over the lengths analysed, paper: proportional (slope 1)
     N_s/N      geometric separability of Algorithm 4 for N >= 16, paper: 0.70-0.85
     g(T)       Algorithm 5's gradient probe for T < 0.1, paper: like 1/T (a two-sided band on the exponent)
     g drop     g at the low T against g at T = 1, paper: about 100x
@@ -82,6 +83,7 @@ class RangeRule:
 
 
 N_STAR_RULE = RangeRule(0.03, 0.12, log=True)  # within a factor 2 of the paper's 0.06
+N_STAR_SLOPE_BAND = BandRule(1.0, 0.25, "L")  # "N* ~ 0.06 L": proportional to L
 SEPARABILITY_RULE = RangeRule(0.70, 0.85)  # the paper's saturation band
 SLOPE_BAND = BandRule(-1.0, 0.25, "T")  # "follows 1/T"
 DROP_RULE = RangeRule(10**1.5, 10**2.5, log=True)  # "about 100x": within a factor sqrt(10)
@@ -146,6 +148,42 @@ def n_star_finding(results: dict) -> Finding:
     if never:
         finding.value += f"; {never} window(s) never reached p >= {ALPHA} (counted as N* = L)"
     return _frozen(finding, "N* ~ 0.06 L")
+
+
+def n_star_slope_finding(results: dict) -> Finding:
+    """Is N* proportional to L? Per window, the least-squares slope of log N* on log L over the lengths analysed
+    (lengths where that window's KS test never reached p >= alpha are left out of its fit, and counted); the mean
+    slope over windows with a t-interval, judged by a band around 1. The value also gives N*/L at each L
+    (geometric mean over the windows that reached it): the constant, if the slope is 1."""
+    block = results["alg3_critical_n_by_window"]
+    lengths = block["lengths"]
+    per_window = block["n_star_over_length"][str(ALPHA)]
+    slopes, left_out = [], 0
+    for row in per_window:
+        left_out += sum(r is None for r in row)
+        slopes.append(loglog_slope(lengths, [None if r is None else r * n for r, n in zip(row, lengths)]))
+
+    def compute() -> Interval:
+        if len(lengths) < 2:
+            raise TooFew(f"one length L={lengths[0]} (a slope needs two or more)")
+        return mean_interval([s for s in slopes if s is not None], what=WHAT)
+
+    finding = _judge(
+        f"3. critical N* grows in proportion to L (frozen {_model(results)}, L={lengths[0]}..{lengths[-1]}, KS "
+        f"alpha={ALPHA})",
+        "a slope outside 1 +- 0.25 (N* not proportional to L)",
+        "per text window, the least-squares slope of log N* on log L over the lengths analysed; mean over windows",
+        N_STAR_SLOPE_BAND,
+        compute,
+    )
+    ratios = []
+    for li, n in enumerate(lengths):
+        reached = [row[li] for row in per_window if row[li] is not None and row[li] > 0]
+        ratios.append(f"{n}: {fmt(float(np.exp(np.mean(np.log(reached)))), 3)}" if reached else f"{n}: -")
+    finding.value += "; N*/L at L = " + ", ".join(ratios)
+    if left_out:
+        finding.value += f"; {left_out} (window, L) point(s) never reached p >= {ALPHA} (left out of the fits)"
+    return _frozen(finding, "N* proportional to L (0.06 L)")
 
 
 # ---- Algorithm 4: separability --------------------------------------------------------------------------------
@@ -276,11 +314,17 @@ def lemma1_measurement(results: dict) -> Finding | None:
 
 
 def frozen_findings(results: dict | None) -> list[Finding]:
-    """The frozen-model findings of a `study analyze` results.json; none when there is none (or it predates the
-    per-window results, whose replicates the intervals need)."""
-    if not results or "alg5_gradient_by_window" not in results:
+    """The frozen-model findings of a `study analyze` results.json, each from its per-window block (the replicates
+    its interval needs); none when there is no results.json, or it predates the per-window results. A run of some
+    analyses only (`--analyses`) gives theirs."""
+    if not results:
         return []
-    out = [n_star_finding(results), separability_finding(results), gradient_slope_finding(results),
-           gradient_drop_finding(results)]
+    out = []
+    if "alg3_critical_n_by_window" in results:
+        out += [n_star_finding(results), n_star_slope_finding(results)]
+    if "alg4_separability_by_window" in results:
+        out.append(separability_finding(results))
+    if "alg5_gradient_by_window" in results:
+        out += [gradient_slope_finding(results), gradient_drop_finding(results)]
     lemma = lemma1_measurement(results)
     return out + ([lemma] if lemma is not None else [])

@@ -223,9 +223,11 @@ class BandRule:
         """Which way a slope outside the band lies ("" when it is not entirely outside)."""
         if self.verdict(interval) != NOT_SUPPORTED:
             return ""
-        # a more negative exponent means a faster growth as the variable falls (T^-4.7 is steeper than T^-1)
+        # a negative exponent: more negative is a faster growth as the variable falls (T^-4.7 is steeper than T^-1);
+        # a positive one: larger is a faster growth as it rises (L^0.3 is shallower than L^1)
         below = max(interval.lo, interval.hi) < self.band[0]
-        return f"{'steeper' if below else 'shallower'} than {self.quantity}^{fmt(self.claimed)}"
+        steeper = below if self.claimed < 0 else not below
+        return f"{'steeper' if steeper else 'shallower'} than {self.quantity}^{fmt(self.claimed)}"
 
     def describe(self) -> str:
         low, high = self.band

@@ -32,8 +32,9 @@ demo: setup
 quick: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
 
+# One pytest-xdist worker per core; a test file stays on one worker (its module fixtures are built once).
 test: setup
-	$(OFFLINE) $(BIN)/python -m pytest
+	$(OFFLINE) $(BIN)/python -m pytest -n auto --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check study tests scripts

@@ -11,7 +11,8 @@ import torch
 # Tests never reach the hub: the offline paths are what CI can run.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-torch.set_num_threads(2)
+# One thread per pytest-xdist worker (`make test` runs one worker per core), two in a single process.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 def tiny_gpt2_config(**overrides):

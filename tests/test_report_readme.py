@@ -90,3 +90,12 @@ def test_readme_scorecard_is_the_committed_results():
                     "logs/default/report/report.json there and run `python scripts/readme_results.py`")
     assert README.read_text().count(BEGIN) == 1
     assert main(["--check"]) == 0, "README.md differs from docs/results/main.json: run scripts/readme_results.py"
+
+
+def test_the_fuller_studys_page_is_its_committed_results():
+    """docs/results/smollm2-full.md's scorecard is what its committed report (smollm2-full.json) renders to."""
+    page, results = ROOT / "docs" / "results" / "smollm2-full.md", ROOT / "docs" / "results" / "smollm2-full.json"
+    if not results.is_file():
+        pytest.skip("the fuller study's report is not committed")
+    assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (
+        "docs/results/smollm2-full.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")

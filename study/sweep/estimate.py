@@ -91,6 +91,8 @@ def estimate_time(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: in
     print(
         f"Estimated time: about {format_seconds(seconds)} for {len(todo)} runs"
         + (" + pretraining" if pretrain_todo else "")
+        # not timed up front: with --parallel they share the runs' slots, so the runs end later than this
+        + (" (the probe and the analysis not counted)" if plan.probe or plan.analyze else "")
         + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
         f" (timed on {timed_run.name}).",
         flush=True,

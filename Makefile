@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   builds .venv and runs the main job on the embedded offline default
-#   make test   builds .venv and runs the test suite
+#   make test   builds .venv and runs the unit and fast integration tests (about a minute on 2 cores)
+#   make test-all  every test, the slow integration tests too (what CI runs)
 VENV ?= .venv
 PYTHON ?= python3
 # A CPU wheel on machines without a GPU; on a CUDA machine `make TORCH=torch` takes the default build.
@@ -8,7 +9,7 @@ TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 OFFLINE = HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo quick test lint tensorboard clean-cache
+.PHONY: setup demo quick test test-all lint tensorboard clean-cache
 
 setup: $(VENV)/.installed
 
@@ -33,8 +34,14 @@ quick: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
 
 # One pytest-xdist worker per core; a test file stays on one worker (its module fixtures are built once).
+# `make test` leaves out the tests marked slow (subprocess kills and resumes, DDP, torchrun, SLURM, the TensorBoard
+# server, the main job's pipeline); `make test-all` runs them too, and CI runs `make test-all`.
+PYTEST = $(OFFLINE) $(BIN)/python -m pytest -n auto --dist loadfile
 test: setup
-	$(OFFLINE) $(BIN)/python -m pytest -n auto --dist loadfile
+	$(PYTEST) -m "not slow"
+
+test-all: setup
+	$(PYTEST)
 
 lint: setup
 	$(BIN)/ruff check study tests scripts

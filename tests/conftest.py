@@ -67,3 +67,21 @@ def text_files(tmp_path):
         path.write_text("\n".join(lines) + "\n")
         paths.append(str(path))
     return paths
+
+
+# `make test` must stay fast: a test that takes seconds belongs behind `@pytest.mark.slow` (run by `make test-all`).
+# Name the unmarked ones that took longer than this, so that the next slow test is marked when it lands.
+UNMARKED_SLOW_SECONDS = 3.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > UNMARKED_SLOW_SECONDS and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unmarked_slow:
+        terminalreporter.write_sep("-", f"tests over {UNMARKED_SLOW_SECONDS:.0f} s not marked slow")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}  (mark it @pytest.mark.slow)")

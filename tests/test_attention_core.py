@@ -164,6 +164,7 @@ def test_non_causal_attention(qkv):
     torch.testing.assert_close(attend(q, k, v, AttentionSpec(top_k=7), causal=False), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_core_imports_without_transformers_and_loads_it_on_demand():
     """`import study.attention` is pure torch; the transformers registration loads when its names are used."""
     import subprocess

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import math
 
@@ -86,6 +87,7 @@ TINY_LLAMA = Shape("tiny-llama", n_layer=2, n_head=4, n_embd=32, vocab_size=64, 
                    arch="llama", n_kv_head=2, n_inner=64, one_at_a_time=True)
 
 
+@pytest.mark.slow
 def test_llama_shape_one_variant_at_a_time_with_bf16_parity(tmp_path, capsys):
     """The SmolLM2-like path (grouped-query Llama, variants taking turns) and the GPU suite's parity, on CPU."""
     settings = Settings(shapes=[TINY_LLAMA], rounds=2, chunk=2, warmup=1, top_ks=(4,), normalizers=("sparsemax",),

@@ -11,6 +11,7 @@ from study.bench import main
 from study.bench.lengths import HEADS, LengthSettings, lengths_markdown, run_length_sweep, total_units
 
 
+@pytest.mark.slow
 def test_blockwise_peak_is_a_fraction_of_the_dense_peak_and_long_dense_rows_are_skipped():
     settings = LengthSettings(lengths=(384, 512), dense_max_length=384, units=("call",))
     ticks = []

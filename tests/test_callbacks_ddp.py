@@ -21,6 +21,9 @@ from study.callbacks import (
 )
 from tests.callback_helpers import PlainAttention, events, make_trainer, scalars
 
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
 
 def samples() -> list[dict[str, torch.Tensor]]:
     """DistributedSampler (no shuffle) hands rank 0 samples 0 and 2, rank 1 samples 1 and 3.

@@ -85,6 +85,7 @@ def test_module_hooks_are_marked(cls, base):
             assert name in hooks, f"{cls.__name__}.{name}: {base.__name__} has no such hook (misspelt?)"
 
 
+@pytest.mark.slow
 def test_callbacks_never_import_the_model():
     code = "import sys, study.callbacks; print([m for m in ('study.model', 'study.data') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

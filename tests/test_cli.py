@@ -32,6 +32,7 @@ def fit_args(text_files, tmp_path, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_fit_from_the_default_config_changes_the_temperature_the_model_uses(text_files, tmp_path):
     cli = lightning_main(fit_args(text_files, tmp_path, "--model.attention.temperature=0.5", "--model.attention.top_k=4"))
     specs = current_spec(cli.model.model)
@@ -45,6 +46,7 @@ def test_fit_from_the_default_config_changes_the_temperature_the_model_uses(text
     assert (run / "checkpoints" / "last.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_a_second_run_gets_a_new_version_and_nothing_is_overwritten(text_files, tmp_path):
     lightning_main(fit_args(text_files, tmp_path))
     lightning_main(fit_args(text_files, tmp_path))
@@ -94,6 +96,7 @@ def test_the_monitors_former_topk_key_is_refused_naming_the_new_one(text_files, 
     assert "`topk` is now `selection_ks`" in str(info.value) and "selection_ks: [1, 4]" in str(info.value)
 
 
+@pytest.mark.slow
 def test_study_fit_ends_with_its_log_folder_and_final_metrics(text_files, tmp_path, capsys):
     """One line naming where the logs are and what the run ended with, read back from the trainer's own metrics;
     Lightning's meaningless console columns are gone (no v_num in the progress bar, no FLOPs column)."""

@@ -13,6 +13,7 @@ from study.data import TextDataModule, text_problem
 from tests.test_cli import fit_args
 
 
+@pytest.mark.slow
 def test_a_run_that_goes_non_finite_stops_exits_1_and_keeps_finite_checkpoints(text_files, tmp_path, capsys):
     args = fit_args(
         text_files,

@@ -18,6 +18,9 @@ import torch
 
 from tests.test_cli import fit_args
 
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
 

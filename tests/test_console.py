@@ -3,6 +3,7 @@ and genuine warnings stay visible."""
 
 from __future__ import annotations
 
+import pytest
 import logging
 import os
 import subprocess
@@ -35,6 +36,7 @@ def _study(args: list[str]) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_tiny_fit_of_a_loaded_model_prints_no_library_notices(text_files, tmp_path):
     from transformers import GPT2LMHeadModel
 

@@ -26,6 +26,7 @@ def _print_config(args: list[str]) -> dict:
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.slow
 def test_main_job_grid_gives_the_report_what_it_needs():
     plan = build_plan(MAIN)
     arm = [r for r in plan.runs if r.params["optimizer"] == "sgd"]
@@ -49,6 +50,7 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     assert baseline["init_args"]["seed"] in {r.params["seed"] for r in plan.runs} - {arm[0].params["seed"]}
 
 
+@pytest.mark.slow
 def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
     plan = build_plan(MAIN)
     run = next(r for r in plan.runs if r.params["top_k"] == 8 and r.params["temperature"] == 0.1)
@@ -74,6 +76,7 @@ def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
     assert 8 in selection["init_args"]["selection_ks"]  # selection uniformity at the grid's fixed k
 
 
+@pytest.mark.slow
 def test_quick_is_the_small_gpt2_pipeline():
     quick = build_plan(MAIN, quick=True)
     assert quick.pretrain is not None and len(quick.runs) == 18 + 4 and quick.sweep_dir.name == "default-quick"  # 3 T x 2 k x 3 seeds, SGD arm

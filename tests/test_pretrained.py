@@ -212,6 +212,7 @@ def test_cache_dir_comes_from_the_environment(tmp_path, monkeypatch):
     assert pretrained.cache_root() == pretrained.DEFAULT_CACHE
 
 
+@pytest.mark.slow
 def test_study_fit_on_a_gguf_uses_its_tokenizer_and_trains(text_files, tmp_path, monkeypatch):
     """`study fit --model.model_name_or_path=<gguf>`: materialised, its own tokenizer linked, trained in train mode."""
     from study.fit import lightning_main

@@ -194,6 +194,7 @@ def test_batched_windows_give_each_windows_own_gradients(tmp_path, text_file, ar
         assert result["windows"][w]["grad_embedding"] == pytest.approx(float(embed.weight.grad.norm()), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_hessian_power_iteration_matches_the_exact_restricted_hessian_at_low_t(tmp_path, text_file):
     from torch.func import functional_call, hessian
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import math
 
 from study.report import build_report
@@ -11,6 +12,7 @@ from study.sweep import main
 from tests.test_sweep import write_spec
 
 
+@pytest.mark.slow
 def test_report_from_real_logs(tmp_path):
     spec = write_spec(
         tmp_path,
@@ -142,6 +144,7 @@ def _sweep_of_fake_runs(sweep, extra=()):
     return build_report(sweep).read_text()
 
 
+@pytest.mark.slow
 def test_unfinished_and_failed_runs_never_count_as_replicates(tmp_path):
     """A run killed or failed part way holds a partial log: the findings, sanity checks and per-T table of a
     sweep with such runs are those of its finished runs alone, and the others are named apart."""

@@ -13,6 +13,9 @@ import pytest
 
 from tests.test_sweep import ROOT, env, status, write_spec
 
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 
 

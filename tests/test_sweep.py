@@ -61,6 +61,7 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
+@pytest.mark.slow
 def test_sweep_creates_runs_then_skips_them(tmp_path, capsys):
     spec = write_spec(tmp_path, {"temperature": [0.1, 1.0], "top_k": [None, 2]})
     assert main(["--config", str(spec)]) == 0
@@ -100,6 +101,7 @@ def test_sweep_creates_runs_then_skips_them(tmp_path, capsys):
         assert status(sweep / name)["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_duplicate_or_missing_steps(tmp_path):
     spec = write_spec(
         tmp_path,
@@ -152,6 +154,7 @@ def test_bad_specs_fail_before_any_run(tmp_path, capsys, grid, extra, message):
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 def test_default_and_hub_sweeps_parse():
     plan = build_plan(ROOT / "configs" / "sweeps" / "small-gpt2.yaml")
     assert len(plan.runs) == 30 and plan.pretrain is not None
@@ -189,6 +192,7 @@ def test_default_and_hub_sweeps_parse():
     assert config["trainer"]["logger"]["init_args"]["version"] == hub.runs[7].name
 
 
+@pytest.mark.slow
 def test_ddp_run_and_parallel_subprocesses(tmp_path):
     spec = write_spec(
         tmp_path,

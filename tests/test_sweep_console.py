@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import re
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from study import tags
 from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import ROOT, env, write_spec
+
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
 
 
 def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):

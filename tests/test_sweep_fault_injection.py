@@ -18,6 +18,9 @@ from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import ROOT, env, status, write_spec
 
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
 STEPS = 6
 PRETRAIN = {
     "trainer.max_steps": STEPS,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 
 from study.report.read import read_scalars
 from tests.test_sweep import ROOT, env, status, write_spec
+
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
 
 
 def sweep(spec, faults: bool) -> subprocess.CompletedProcess:

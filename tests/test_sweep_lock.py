@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -39,6 +40,7 @@ def test_a_killed_holder_releases_its_run(tmp_path):
     assert busy(run) is None
 
 
+@pytest.mark.slow
 def test_sweep_leaves_runs_held_by_another_process(tmp_path, capsys):
     spec = write_spec(
         tmp_path, {"seed": [0, 1]}, {"trainer.max_steps": 2, "trainer.val_check_interval": 2}, report=True
@@ -54,6 +56,7 @@ def test_sweep_leaves_runs_held_by_another_process(tmp_path, capsys):
     assert not (tmp_path / "logs" / "tiny" / "report").exists()
 
 
+@pytest.mark.slow
 def test_two_sweeps_at_once_train_each_run_once(tmp_path):
     spec = write_spec(
         tmp_path, {"seed": [0, 1, 2]}, {"trainer.max_steps": 4, "trainer.val_check_interval": 4}

@@ -12,6 +12,9 @@ from study.report.read import read_scalars
 from study.sweep import main
 from tests.test_sweep import status, write_spec
 
+# Subprocesses and whole sweeps: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
 # 12 blocks of batch 4: 3 batches an epoch; last.ckpt every 2 steps, so the run resumes from step 4, inside
 # epoch 1 (the resumed epoch must be shuffled as epoch 1 and skip its first batch)
 RESUME = {

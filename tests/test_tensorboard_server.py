@@ -35,6 +35,10 @@ def _get(url: str, data: bytes | None = None):
     return body if url.split("?")[0].endswith("individualImage") else json.loads(body)
 
 
+# A real TensorBoard server on a sweep's logs: `make test-all` runs these, `make test` does not.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def tensorboard(tmp_path_factory):
     """A finished 2-temperature sweep and a TensorBoard server on it; yields (base URL, sweep folder)."""

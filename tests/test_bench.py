@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import json
 import math
+
+import pytest
 
 from study.bench import (
     SHAPES,

@@ -3,13 +3,14 @@ and genuine warnings stay visible."""
 
 from __future__ import annotations
 
-import pytest
 import logging
 import os
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+
+import pytest
 
 from study.console import silence_library_notices
 from tests.conftest import tiny_gpt2_config

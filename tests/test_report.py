@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import math
+
+import pytest
 
 from study.report import build_report
 from study.report import main as report_main

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import re
 import subprocess
 import sys
 
+import pytest
 from tensorboard.plugins.hparams.metadata import SESSION_START_INFO_TAG
 
 from study import tags

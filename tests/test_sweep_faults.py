@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import subprocess
 import sys
+
+import pytest
 
 from study.report.read import read_scalars
 from tests.test_sweep import ROOT, env, status, write_spec

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from study.sweep import main
 from study.sweep.lock import LOCK_FILE, RunBusy, RunLock, busy

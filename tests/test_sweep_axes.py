@@ -101,7 +101,7 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
     assert plan.runs[1].resolved["model"]["attention"]["alpha"] == 2
     assert plan.runs[0].params == {"temperature": 0.5, "top_k": None, "normalizer": "entmax", "seed": 0,
                                    "learning_rate": plan.runs[0].params["learning_rate"], "optimizer": "adamw",
-                                   "alpha": 1.5}
+                                   "qk_norm": False, "temperature_in": "softmax", "alpha": 1.5}
     assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
     assert plan.as_dict()["grid_keys"][-1] == "alpha"
     with pytest.raises(SweepSpecError, match="grid `alpha` value 'x' is invalid"):

@@ -144,8 +144,37 @@ def test_logit_growth_rule_reads_the_max_logit_series():
     assert "reference LR 0.03" in f["3a"].value  # the largest LR stable everywhere
 
 
+@pytest.mark.slow  # matplotlib's import and one figure: seconds
 def test_incomplete_curves_are_left_out_and_the_figure_draws(tmp_path):
     runs = _sweep({(0.1, "softmax"): 1, (1.0, "softmax"): 1}, seeds=range(3))
     curves = gather(runs[:-1])  # the last run missing: its curve is incomplete
     assert len(curves.incomplete) == 1 and len(curves.complete) == 5
     assert draw_lr_curves(curves, tmp_path) and (tmp_path / "lr_curves.png").stat().st_size > 1000
+
+
+def _summary(params, scalars, state="finished", loaded=None):
+    from pathlib import Path
+
+    from study.report.read import RunData
+    from study.report.summary import summarize
+
+    resolved = {"model": {"model_name_or_path": loaded, "learning_rate": params["learning_rate"], "optimizer": "adamw"}}
+    run = RunData("r", Path("."), params, {"state": state, "global_step": 4}, resolved, scalars)
+    return summarize(run)
+
+
+def test_runs_from_summaries_keep_their_arm_and_their_own_loss_at_init():
+    from study.report import sources
+    from study.report.lrcurves import is_lr_sweep, lr_run
+
+    base = {"temperature": 0.1, "top_k": None, "normalizer": "softmax", "seed": 2, "learning_rate": 0.03}
+    stopped = _summary({**base, "qk_norm": True}, {sources.VAL_LOSS: [(0, 7.5)]}, state="diverged")
+    run = lr_run(stopped)
+    assert (run.arm, run.init_loss, run.nonfinite, run.diverged, run.seed) == ("qk_norm", 7.5, True, True, 2)
+    folded = lr_run(_summary({**base, "temperature_in": "init"}, {sources.VAL_LOSS: [(0, 7.4), (10, 5.0)]}))
+    assert (folded.arm, folded.init_loss, folded.final_loss, folded.stable) == ("init_scale", 7.4, 5.0, True)
+    assert lr_run(_summary(base, {sources.VAL_LOSS: [(0, 7.4), (10, 5.0)]})).arm == "softmax"
+    sweep = [_summary({**base, "learning_rate": lr}, {}) for lr in (1e-3, 1e-2, 1e-1)]
+    assert is_lr_sweep(sweep)
+    fine_tuned = [_summary({**base, "learning_rate": lr}, {}, loaded="gpt2") for lr in (1e-3, 1e-2, 1e-1)]
+    assert not is_lr_sweep(fine_tuned)  # a fine-tuning sweep over LRs gets no from-scratch section

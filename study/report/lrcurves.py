@@ -418,6 +418,15 @@ def _series(summary: Summary, tag: str | None) -> tuple[tuple[int, float], ...]:
     return tuple(summary.series(tag) or ()) if tag else ()
 
 
+def _init_loss(summary: Summary) -> float | None:
+    """The run's own step-0 validation loss: also for a run stopped before any later validation, whose summary has
+    none (the report's `share_baselines` would lend it another arm's, whose model at init differs)."""
+    val = _series(summary, sources.VAL_LOSS)
+    if val and val[0][0] == 0:
+        return val[0][1]
+    return summary.values.get(S.VAL_LOSS_BASELINE)
+
+
 def lr_run(summary: Summary) -> LRRun:
     collapse = next((step for step, value in _series(summary, COLLAPSE_TAG) if value > 0), None)
     return LRRun(
@@ -426,7 +435,7 @@ def lr_run(summary: Summary) -> LRRun:
         arm=arm_of(summary),
         seed=int(summary.seed or 0),
         learning_rate=float(summary.learning_rate),
-        init_loss=summary.values.get(S.VAL_LOSS_BASELINE),
+        init_loss=_init_loss(summary),
         final_loss=None if summary.diverged else summary.final.get(sources.VAL_LOSS),
         nonfinite=summary.diverged,
         stop_step=summary.steps,

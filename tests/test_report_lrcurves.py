@@ -128,6 +128,9 @@ def test_collapse_precedes_divergence_rule_true_false_and_underpowered():
     assert finding_collapse_precedes_divergence(never[:4], level).verdict == "underpowered"
     value = finding_collapse_precedes_divergence(collapsed_first + [_run(seed=1, collapse_step=3)], level).value
     assert "10 of 10" in value and "control: 1 of 1 stable runs collapsed" in value
+    unlogged = [_run(lr=0.1, seed=s, nonfinite=True, stop_step=9, collapse_logged=False) for s in range(10)]
+    finding = finding_collapse_precedes_divergence(unlogged, level)
+    assert finding.verdict == "underpowered" and "not logged" in finding.value  # never "not supported" by absence
 
 
 def test_logit_growth_rule_reads_the_max_logit_series():

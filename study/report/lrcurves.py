@@ -62,6 +62,7 @@ class LRRun:
     train_loss: tuple[tuple[int, float], ...] = ()
     max_logit: tuple[tuple[int, float], ...] = ()
     collapse_step: int | None = None  # first logged step at which the collapse alert had fired
+    collapse_logged: bool = True  # whether the run logged the alert at all (None above means "never fired" only then)
 
     @property
     def diverged(self) -> bool:
@@ -308,8 +309,11 @@ def finding_collapse_precedes_divergence(runs: Sequence[LRRun], level: float) ->
     claim = "divergences are preceded by entropy collapse (from scratch, every arm)"
     statistic = "diverged runs whose collapse alert fired before the divergence step, of all diverged runs"
     rule = f"Clopper-Pearson interval > 1/2: supported; < 1/2: not supported; fewer than {MIN_DIVERGED} diverged: underpowered"
-    diverged = [r for r in runs if r.diverged]
-    stable = [r for r in runs if r.stable]
+    logged = [r for r in runs if r.collapse_logged]
+    if not logged:
+        return LRFinding("3b", claim, statistic, "collapse alert not logged (EntropyCollapseAlert)", "underpowered", rule)
+    diverged = [r for r in logged if r.diverged]
+    stable = [r for r in logged if r.stable]
     k = sum(r.collapse_before_divergence for r in diverged)
     control = sum(r.collapse_step is not None for r in stable)
     value = f"{k} of {len(diverged)}; control: {control} of {len(stable)} stable runs collapsed"
@@ -442,6 +446,7 @@ def lr_run(summary: Summary) -> LRRun:
         train_loss=_series(summary, sources.TRAIN_LOSS),
         max_logit=_series(summary, MAX_LOGIT_TAG),
         collapse_step=collapse,
+        collapse_logged=bool(_series(summary, COLLAPSE_TAG)),
     )
 
 

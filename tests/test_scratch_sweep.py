@@ -43,7 +43,7 @@ def test_gpu_spec_dry_runs_and_its_runs_parse(capsys):
     config = yaml.safe_load(result.stdout)
     assert config["model"]["model_name_or_path"] is None and config["model"]["n_layer"] == 12
     assert config["model"]["n_embd"] == 768 and config["model"]["temperature_in"] == "init"
-    assert config["data"]["dataset_config"] == "wikitext-103-raw-v1" and config["trainer"]["devices"] == 4
+    assert config["data"]["dataset_config"] == "wikitext-103-raw-v1" and str(config["trainer"]["devices"]) == "4"
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
-from study.report.stats import Family, family_level, fmt, simultaneous
+from study.report.stats import Family, family_level, fmt, simultaneous, tests_something
 from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
@@ -66,8 +66,12 @@ def run_states(all_runs: list[Summary], not_counted: list[Summary] | None = None
 
 
 def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None = None) -> tuple[list[Finding], Family]:
-    """The findings (training, probe and frozen-model) as one family, each interval at its Bonferroni level."""
-    return simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
+    """The findings (training, probe and frozen-model) judged together, each interval at the Bonferroni level of the
+    family of rows that test something; each finding's `family` says whether it is one of them."""
+    found, family = simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
+    for f in found:
+        f.family = tests_something(f)
+    return found, family
 
 
 def report_text(

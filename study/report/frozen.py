@@ -29,10 +29,14 @@ from study.report.read import read_optional_json
 from study.report.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
+    UNDERPOWERED,
     BandRule,
     Interval,
     TooFew,
+    confidence,
+    decide,
     fmt,
+    percent,
     loglog_slope,
     mean_interval,
     slope_interval,
@@ -50,7 +54,7 @@ HIGH_T = 1.0  # the drop is measured to the first T >= 1
 class RangeRule:
     """An equivalence claim, "the quantity is about x": an interval of plausible values [low, high].
 
-    supported      the 95% interval lies inside [low, high];
+    supported      the interval (at the family's level) lies inside [low, high];
     not supported  it lies entirely outside (`side` says which way);
     inconclusive   it straddles an edge, or there is no interval.
     With ``log`` the interval is on the natural log of the quantity (ratios: judged and averaged as logs).
@@ -71,6 +75,13 @@ class RangeRule:
     def verdict(self, interval: Interval | None) -> str:
         return self._band().verdict(interval)
 
+    def decisive_half_width(self) -> float:
+        return self._band().width
+
+    def margin(self) -> str:
+        scale = "log " if self.log else ""
+        return f"the range's {scale}half-width {fmt(self._band().width, 3)}"
+
     def side(self, interval: Interval | None) -> str:
         if self.verdict(interval) != NOT_SUPPORTED:
             return ""
@@ -78,7 +89,7 @@ class RangeRule:
 
     def describe(self) -> str:
         scale = " (on a log scale)" if self.log else ""
-        return (f"supported if the 95% interval lies within [{fmt(self.low)}, {fmt(self.high)}]{scale}, not supported "
+        return (f"supported if the {percent(confidence())} interval lies within [{fmt(self.low)}, {fmt(self.high)}]{scale}, not supported "
                 "if it lies entirely outside that range")
 
 
@@ -98,8 +109,14 @@ def _model(results: dict) -> str:
     return str((results.get("source") or {}).get("model") or (results.get("model") or {}).get("name_or_path") or "?")
 
 
+def _exp_interval(interval: Interval) -> Interval:
+    """A log-scale interval on the quantity's own scale (a ratio), for display and report.json."""
+    return Interval(math.exp(interval.estimate), math.exp(interval.lo), math.exp(interval.hi), interval.n,
+                    interval.level, unit=interval.unit)  # fmt: skip
+
+
 def _exp(interval: Interval) -> str:
-    return str(Interval(math.exp(interval.estimate), math.exp(interval.lo), math.exp(interval.hi), interval.n))
+    return str(_exp_interval(interval))
 
 
 def _judge(claim: str, null: str, statistic: str, rule, compute: Callable[[], Interval], show=str) -> Finding:
@@ -109,8 +126,10 @@ def _judge(claim: str, null: str, statistic: str, rule, compute: Callable[[], In
     except TooFew as err:
         return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe())
     side = rule.side(interval)  # which way a value outside the claimed range lies
-    return Finding(claim, null, statistic, show(interval) + (f" ({side})" if side else ""), rule.verdict(interval),
-                   rule.describe())
+    verdict, note = decide(rule, interval)
+    value = show(interval) + (f" ({side})" if side else "") + (f"; {UNDERPOWERED}: {note}" if note else "")
+    shown = _exp_interval(interval) if show is _exp else interval  # report.json holds what the value shows
+    return Finding(claim, null, statistic, value, verdict, rule.describe(), interval=shown)
 
 
 def _frozen(finding: Finding, paper_value: str) -> Finding:
@@ -231,7 +250,8 @@ def gradient_slope_finding(results: dict) -> Finding:
         f"5. gradient sensitivity g follows 1/T for T < {LOW_T:g} (frozen {_model(results)}, Algorithm 5)",
         "an exponent outside -1 +- 0.25",
         f"log-log slope of g(T) (eps={eps:g}, token-averaged, max over heads) against T < {LOW_T:g}: geometric "
-        "mean over text windows per T, paired bootstrap over windows",
+        "mean over text windows per T; one slope per text window (the same windows at every T), t-interval over "
+        "windows",
         SLOPE_BAND,
         compute,
     )

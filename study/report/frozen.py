@@ -36,9 +36,9 @@ from study.report.stats import (
     confidence,
     decide,
     fmt,
-    percent,
     loglog_slope,
     mean_interval,
+    percent,
     slope_interval,
 )
 

@@ -367,3 +367,24 @@ def test_per_layer_table_says_why_it_is_empty():
     table = layer_table(layered(lambda crossed: -1.0))
     assert table.splitlines()[0] == "| layer | low-T layers crossed | slope W_q,W_k | slope W_v |"
     assert table.splitlines()[2].startswith("| 0 | 6 | -1")
+
+
+@pytest.mark.parametrize(("qk_power", "v_power", "specific"), [(-1.0, -0.2, True), (-0.6, -0.6, False)])
+def test_excess_slope_of_wq_wk_over_the_controls(qk_power, v_power, specific):
+    """Per seed and layer, slope(W_q,W_k) - slope(control): -0.8 when the logits add a T-dependence the value path
+    lacks, an interval around 0 when both share it (the depth all parameters cross)."""
+    runs = []
+    for i, t in enumerate(TEMPS):
+        for s in SEEDS:
+            r = run(t, s)
+            jitter = lambda j, s=s, i=i: math.exp(noise(100 * s + 10 * i + j, 0.02))  # noqa: E731
+            r.layer_grads = {"W_q,W_k": {0: t**qk_power * jitter(0), 1: t**qk_power * jitter(1)},
+                             "W_v": {0: t**v_power * jitter(2), 1: t**v_power * jitter(3)},
+                             "W_o": {0: t**v_power * jitter(4), 1: t**v_power * jitter(5)}}  # fmt: skip
+            runs.append(r)
+    excess = F.excess_slopes(runs)
+    assert set(excess) == {"W_v", "W_o"} and set(excess["W_v"]) == {0, 1}
+    for by_layer in excess.values():
+        for iv in by_layer.values():
+            assert iv.n == len(SEEDS) and iv.estimate == pytest.approx(qk_power - v_power, abs=0.03)
+            assert (iv.hi < 0) if specific else (iv.lo <= 0 <= iv.hi)

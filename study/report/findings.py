@@ -433,6 +433,39 @@ def depth_trends(runs: list[Summary], group: str) -> list[float]:
     return trends
 
 
+EXCESS_CONTROLS = ("W_v", "W_o")  # the attention projections whose gradients pass no attention-logit derivative
+
+
+def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | str]]:
+    """{control: {layer: the excess T-slope of W_q/W_k's gradient over the control's, or why there is none}}.
+
+    Per seed (its runs share data across T) and layer, the log-log slope of |grad W_q,W_k| against T minus that of
+    |grad control|: the part of the layer's T-dependence that goes through the attention logits (W_v and W_o see
+    the same low-T layers above them, but not d alpha / d logits). Mean over seeds with a t-interval at the level in
+    force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient."""
+    runs = k_all(main_arm(summaries))
+    seeds = sorted({s.seed for s in runs if s.seed is not None})
+    layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
+    out: dict[str, dict[int, Interval | str]] = {}
+    for control in EXCESS_CONTROLS:
+        if not any(s.layer_grads.get(control) for s in runs):
+            continue
+        for layer in layers:
+            per_seed = []
+            for seed in seeds:
+                mine = [s for s in runs if s.seed == seed]
+                temps = [s.temperature for s in mine]
+                qk = loglog_slope(temps, [s.layer_grads.get("W_q,W_k", {}).get(layer) for s in mine])
+                other = loglog_slope(temps, [s.layer_grads.get(control, {}).get(layer) for s in mine])
+                if qk is not None and other is not None:
+                    per_seed.append(qk - other)
+            try:
+                out.setdefault(control, {})[layer] = mean_interval(per_seed, what="seeds")
+            except TooFew as err:
+                out.setdefault(control, {})[layer] = f"too few: {err}"
+    return out
+
+
 def depth_findings(summaries: list[Summary]) -> list[Finding]:
     """One per parameter group logged per layer: does the T-slope steepen with the low-T layers crossed?"""
     return list(depth_findings_by_group(summaries).values())

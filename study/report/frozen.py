@@ -240,6 +240,17 @@ def _g_levels(results: dict) -> tuple[list[float], list[list[float]]]:
     return temps, [[row[ti][0] for ti in range(len(temps))] for row in g]
 
 
+def tightness(temps: list[float], g: list[list[float]]) -> dict[float, float]:
+    """{T: geometric mean over windows of g(T) x 4T} for T < LOW_T: how close Algorithm 5's measured sensitivity
+    comes to the entrywise bound 1/(4T) of Corollary 3 (the paper calls it close to the theoretical limit)."""
+    out = {}
+    for ti, t in enumerate(temps):
+        values = [w[ti] * 4 * t for w in g if w[ti] is not None and w[ti] > 0]
+        if t < LOW_T and values:
+            out[t] = float(np.exp(np.mean(np.log(values))))
+    return out
+
+
 def gradient_slope_finding(results: dict) -> Finding:
     temps, g = _g_levels(results)
     low = [ti for ti, t in enumerate(temps) if t < LOW_T]
@@ -255,6 +266,9 @@ def gradient_slope_finding(results: dict) -> Finding:
         SLOPE_BAND,
         compute,
     )
+    if tight := tightness(temps, g):
+        finding.value += "; tightness g x 4T (1 = Corollary 3's bound) " + ", ".join(
+            f"{fmt(t)}: {fmt(v, 3)}" for t, v in tight.items())  # fmt: skip
     saturated = results["alg5_gradient_by_window"].get("saturated_fraction")
     if low and saturated:
         t0 = low[0]

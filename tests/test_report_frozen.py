@@ -215,3 +215,12 @@ def test_noisy_frozen_rows_are_underpowered_with_the_windows_that_would_decide_t
     assert "needs about" in noisy["separability"].value and "text windows" in noisy["separability"].value
     precise = by_name(Z.frozen_findings(results(windows=20, noise=0.02)))
     assert precise["separability"].verdict == SUPPORTED
+
+
+def test_n_star_on_one_grid_value_has_no_interval():
+    """Every window at the same N* (a discrete grid): no zero-width interval, no verdict, out of the family."""
+    same = results()
+    same["alg3_critical_n_by_window"]["n_star_over_length"]["0.01"] = [[0.0625] * len(LENGTHS) for _ in range(3)]
+    found = by_name(Z.frozen_findings(same))
+    assert found["n_star"].verdict == INCONCLUSIVE and found["n_star"].interval is None
+    assert "same grid value" in found["n_star"].value

@@ -94,3 +94,16 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     # the findings table's header names the family's level, not 95%
     assert f"value [{100 * family['level']:.4g}% CI]" in text.split("## Findings")[1]
     assert all(row["paper"] != "-" and row["experiment"] in {"training", "probe"} for row in data["scorecard"])
+
+
+def test_rows_outside_the_family_are_marked_and_explained():
+    """An underpowered or interval-less row is marked in the verdict column, with a line saying why; a row from a
+    report.json written before `family` existed renders as before (the README's committed JSON still matches)."""
+    family = {"level": Family(1).level, "describe": Family(1).describe()}
+    inside, outside = scorecard_rows([finding(), finding("6. low T is unstable", "underpowered: needs about 21")])
+    outside["family"], outside["verdict"] = False, "underpowered"
+    text = scorecard_markdown([inside, outside], family)
+    assert "| supported | probe |" in text and "| underpowered† | probe |" in text
+    assert "† Outside the family" in text
+    old = [{k: v for k, v in row.items() if k != "family"} for row in (inside, outside)]
+    assert "†" not in scorecard_markdown(old, family)

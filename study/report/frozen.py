@@ -145,11 +145,22 @@ def _n_star_logs(block: dict, alpha: float) -> tuple[list[float], int]:
     return [math.log(1.0 if row[-1] is None else row[-1]) for row in per_window], never
 
 
+def on_a_grid(values: list[float]) -> list[float]:
+    """Values read off the N grid (N* and what is computed from it): when every window gives the same one, there
+    is no spread to build an interval from. A zero-width t-interval would claim a precision the grid does not
+    have (the true N* lies anywhere up to the next grid step), so there is no interval: a finer N grid or more
+    windows would decide it."""
+    if len(values) >= 2 and len(set(values)) == 1:
+        raise TooFew(f"every one of the {len(values)} text windows gave the same grid value, no spread for an "
+                     "interval (the N grid's step bounds it): a finer N grid would decide it")  # fmt: skip
+    return values
+
+
 def n_star_finding(results: dict) -> Finding:
     block = results["alg3_critical_n_by_window"]
     length = block["lengths"][-1]
     logs, never = _n_star_logs(block, ALPHA)
-    compute = lambda: mean_interval(logs, what=WHAT)  # noqa: E731
+    compute = lambda: mean_interval(on_a_grid(logs), what=WHAT)  # noqa: E731
     finding = _judge(
         f"3. critical N* ~ 0.06 L (frozen {_model(results)}, L={length}, KS alpha={ALPHA})",
         "N*/L outside [0.03, 0.12] (not about 0.06)",

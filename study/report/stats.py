@@ -6,7 +6,9 @@ out either way:
 
     supported      the interval lies beyond the null, on the claimed side, and does not exclude the claim;
     not supported  the interval excludes the claimed effect (it lies entirely short of it);
-    inconclusive   otherwise, and whenever there are too few replicates for an interval.
+    inconclusive   otherwise, and whenever there are too few replicates for an interval;
+    underpowered   inconclusive because the interval is wider than the rule can use (`decide`): the row says how
+                   many replicates would decide it, and leaves the multiplicity family (`tests_something`).
 
 Why these intervals. The findings pool 3-10 replicates. A percentile bootstrap over 3 values is their [min, max]
 and covers about 75%, not 95%: resampling cannot see spread that 3 values do not show. Student's t does: its

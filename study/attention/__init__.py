@@ -20,7 +20,7 @@ from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
 from study.attention.registry import normalizer_class, register_normalizer
 from study.attention.select import top_k_indices
 from study.attention.spec import STOCK, AttentionSpec
-from study.attention.tap import AttentionInputs, AttentionTap, active_taps, tapping
+from study.attention.tap import AttentionInputs, AttentionLogits, AttentionTap, active_taps, tapping
 
 _HF_NAMES = ("IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec")
 
@@ -39,6 +39,7 @@ __all__ = [
     "NORMALIZERS",
     "STOCK",
     "AttentionInputs",
+    "AttentionLogits",
     "AttentionSpec",
     "AttentionTap",
     "BlockwiseSettings",

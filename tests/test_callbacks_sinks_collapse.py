@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from study import tags
-from study.attention import AttentionSpec, attend
+from study.attention import STOCK, AttentionSpec, attend
 from study.callbacks import AttentionSinkMonitor, EntropyCollapseAlert
 from study.callbacks.sinks import first_key_sums
 from tests.callback_helpers import PlainAttention, events, make_trainer, scalars, token_loader
@@ -24,7 +24,7 @@ class PlantedHeads(L.LightningModule):
     ``sharpen``) and every other key 0; head 1 is uniform (zero queries). ``sharpen_after`` multiplies the queries
     by ``sharpen`` from that optimizer step on (a collapse planted in the run)."""
 
-    def __init__(self, spec: AttentionSpec = AttentionSpec(), layers: int = 1, sharpen: float = 1.0,
+    def __init__(self, spec: AttentionSpec = STOCK, layers: int = 1, sharpen: float = 1.0,
                  sharpen_after: int | None = None, random: bool = False) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)

@@ -172,3 +172,32 @@ def test_alert_options_are_checked():
     for kwargs, name in (({"factor": 1.0}, "factor"), ({"min_drop": 1}, "min_drop"), ({"threshold": 1.5}, "threshold"), ({"action": "halt"}, "action")):
         with pytest.raises(ValueError, match=name):
             EntropyCollapseAlert(**kwargs)
+
+
+def test_events_reach_the_status_and_the_report():
+    """study sweep's status record (`collapse_events`, and the reason of a run the alert stopped) and the report's
+    section list the events."""
+    from types import SimpleNamespace
+
+    from study.report.markdown import collapse_section
+    from study.report.summary import Summary
+    from study.sweep.run import _collapse_events
+
+    event = {"layer": 3, "step": 7, "value": 0.01, "reference": 0.6, "rule": "fell by 4x and by 0.1"}
+    for action, reason in (("warn", None), ("stop", "attention entropy collapse in layer 3 at step 7")):
+        alert = EntropyCollapseAlert(action=action)
+        alert.events = [dict(event)]
+        out = {}
+        stopped = _collapse_events(SimpleNamespace(trainer=SimpleNamespace(callbacks=[alert])), out)
+        assert out == {"collapse_events": [event]}
+        assert stopped is None if reason is None else stopped.startswith(reason)
+    quiet = {}
+    assert _collapse_events(SimpleNamespace(trainer=SimpleNamespace(callbacks=[EntropyCollapseAlert()])), quiet) is None
+    assert quiet == {}
+    runs = [Summary("T0.01_s0", 0.01, None, run=SimpleNamespace(status={"collapse_events": [event]})),
+            Summary("T1_s0", 1.0, None, run=SimpleNamespace(status={}))]
+    section = collapse_section(runs)
+    assert section[0].startswith("## Entropy collapse")
+    assert [line for line in section if line.startswith("- ")] == [
+        "- T0.01_s0: layer 3 at step 7, H/log n 0.01 (step 0: 0.6; fell by 4x and by 0.1)"]
+    assert collapse_section(runs[1:]) == []

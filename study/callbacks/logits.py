@@ -31,19 +31,20 @@ def logit_sums(logits: AttentionLogits) -> dict[str, Tensor]:
     largest scaled and raw logit (-inf for a head that sees no key)."""
     z, raw = logits.scaled, logits.raw
     visible = logits.visible.expand(z.shape)
+    hidden = ~visible
     heads = (0, 2)  # (B, H, rows): sum over batch and rows, one value per head
     count = visible.sum(-1)
-    row_sum = z.masked_fill(~visible, 0.0).sum(-1)
+    centred = z.masked_fill(hidden, 0.0)  # one working copy, reused in place (a logging step's cost)
+    row_sum = centred.sum(-1)
     row_mean = row_sum / count.clamp(min=1)
-    centred = (z - row_mean[..., None]).masked_fill(~visible, 0.0)
-    row_m2 = centred.square().sum(-1)
+    row_m2 = centred.sub_(row_mean[..., None]).masked_fill_(hidden, 0.0).square_().sum(-1)
     row_mean64 = row_mean.to(torch.float64)
     return {
         "logits": count.sum(heads).to(torch.float64),
         "logit_sum": row_sum.to(torch.float64).sum(heads),
         "logit_square_sum": (row_m2.to(torch.float64) + count * row_mean64.square()).sum(heads),
-        "scaled_max": z.masked_fill(~visible, -math.inf).amax(dim=(0, 2, 3)),
-        "raw_max": raw.masked_fill(~visible, -math.inf).amax(dim=(0, 2, 3)),
+        "scaled_max": z.masked_fill(hidden, -math.inf).amax(dim=(0, 2, 3)),
+        "raw_max": raw.masked_fill(hidden, -math.inf).amax(dim=(0, 2, 3)),
     }
 
 

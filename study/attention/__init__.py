@@ -21,7 +21,7 @@ from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class, register_normalizer
 from study.attention.select import top_k_indices
 from study.attention.spec import STOCK, AttentionSpec
-from study.attention.tap import AttentionInputs, AttentionTap, active_taps, tapping
+from study.attention.tap import AttentionInputs, AttentionLogits, AttentionTap, active_taps, tapping
 
 _HF_NAMES = ("IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec")
 
@@ -40,6 +40,7 @@ __all__ = [
     "NORMALIZERS",
     "STOCK",
     "AttentionInputs",
+    "AttentionLogits",
     "AttentionSpec",
     "AttentionTap",
     "BlockwiseSettings",

@@ -21,7 +21,7 @@ Two paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
   ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
-  monitors use to read the weights. When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
+  monitors use to read the weights (and, for a tap that asks, the logits: `study.attention.tap.AttentionLogits`). When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
   (`study.attention.blockwise`): the same rows computed a block of queries at a time, each block recomputed in
   the backward pass, so its memory grows as O(L x block) instead of O(L^2).
 """
@@ -224,6 +224,7 @@ def attend(
                 scores = torch.tanh(scores / softcap) * softcap
             if bias is not None:
                 scores = scores + _block_of(bias, rows, keys).to(exact)
+            raw = scores if first_pass and tap.wants_logits() else None  # kept only for a tap that reads logits
             scores = scores / spec.temperature
             weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
@@ -240,7 +241,8 @@ def attend(
                 allowed_seen = F.pad(allowed.expand(*weights.shape[:-1], -1), widths, value=False)
             else:
                 weights_seen, allowed_seen = weights, allowed
-            tap.notify(layer, weights_seen, allowed_seen, spec, inputs)
+            logits = None if raw is None else tap.AttentionLogits(scores.detach(), raw.detach(), allowed, spec)
+            tap.notify(layer, weights_seen, allowed_seen, spec, inputs, logits)
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
         return torch.matmul(weights.to(value.dtype), v_cols)

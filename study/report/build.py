@@ -169,6 +169,7 @@ def report_text(
             md.table(md.NORMALIZER_COLUMNS, md.normalizer_rows(all_runs)),
             "",
         ]
+    parts += md.collapse_section([*all_runs, *not_counted])
     parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]

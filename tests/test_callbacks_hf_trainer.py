@@ -1,0 +1,166 @@
+"""The monitors under a real `transformers.Trainer` (`study.callbacks.hf_trainer`): the same tags, steps and values
+as the Lightning path logs on the same weights and batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from study.attention import AttentionSpec, apply_attention_spec
+from study.callbacks import (
+    AttentionEntropyMonitor,
+    AttentionJacobianMonitor,
+    AttentionMapMonitor,
+    GradientNormMonitor,
+    SelectionUniformityMonitor,
+    TensorBoardLayout,
+)
+from study.callbacks.hf_trainer import TrainerMonitors
+from tests.callback_helpers import make_trainer, scalars
+
+SPEC = AttentionSpec(temperature=0.5, top_k=4)
+LR = 0.05
+BATCH, LENGTH, VOCAB = 2, 12, 64
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: both paths see one function
+    return apply_attention_spec(GPT2LMHeadModel(config), SPEC)
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (n, LENGTH), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        # The Trainer divides the summed loss by the labels it counts (num_items_in_batch), before the model's
+        # shift: the first label, never predicted, set to -100 makes that the model's own mean over tokens.
+        labels = self.ids[i].clone()
+        labels[0] = -100
+        return {"input_ids": self.ids[i], "labels": labels}
+
+
+class GPT2Module(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = tiny_gpt2()
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def validation_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+def monitors() -> list:
+    return [
+        AttentionEntropyMonitor(every_n_steps=1, per_head=True),
+        SelectionUniformityMonitor(every_n_steps=1, selection_ks=(1, 4)),
+        AttentionJacobianMonitor(every_n_steps=2, rows=4),
+        GradientNormMonitor(every_n_steps=1, by=("block", "kind", "block_kind")),
+        TensorBoardLayout(),
+    ]
+
+
+STEPS = 3
+
+
+def lightning_run(root: Path, accumulate: int) -> dict[str, list[tuple[int, float]]]:
+    train = torch.utils.data.DataLoader(Samples(BATCH * STEPS * accumulate, seed=1), batch_size=BATCH)
+    val = torch.utils.data.DataLoader(Samples(2 * BATCH, seed=2), batch_size=BATCH)
+    trainer = make_trainer(root, monitors(), max_steps=STEPS, accumulate_grad_batches=accumulate)
+    trainer.fit(GPT2Module(), train, val)
+    return scalars(root)
+
+
+def hf_run(root: Path, accumulate: int, max_grad_norm: float = 0.0) -> tuple[dict, Trainer]:
+    args = TrainingArguments(
+        output_dir=str(root), report_to="tensorboard", use_cpu=True, max_steps=STEPS, learning_rate=LR,
+        optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=max_grad_norm,
+        per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH, gradient_accumulation_steps=accumulate,
+        train_sampling_strategy="sequential", eval_strategy="steps", eval_steps=STEPS, save_strategy="no",
+        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH * STEPS * accumulate, seed=1),
+                      eval_dataset=Samples(2 * BATCH, seed=2))
+    TrainerMonitors(monitors()).attach(trainer)
+    trainer.train()
+    (folder,) = (root / "runs").iterdir()
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    values = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {**values, "__histograms__": acc.Tags()["histograms"]}, trainer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: int) -> None:
+    lightning = lightning_run(tmp_path / "lightning", accumulate)
+    hf, _ = hf_run(tmp_path / "hf", accumulate)
+    histograms = hf.pop("__histograms__")
+    ours = {tag for tag in lightning if tag != "epoch"}
+    assert ours, "the Lightning path logged nothing"
+    # the Trainer's own tags (train/loss, eval/loss, ...) come beside ours; ours are all there, nothing else added
+    assert ours <= set(hf), sorted(ours - set(hf))
+    assert {t for t in hf if not t.startswith(("train/", "eval/"))} == ours
+    assert "attention/normalized_entropy/heads" in histograms and "val/attention/normalized_entropy/heads" in histograms
+    for tag in sorted(ours):
+        steps_l = [s for s, _ in lightning[tag]]
+        steps_h = [s for s, _ in hf[tag]]
+        assert steps_h == steps_l, (tag, steps_h, steps_l)
+        assert [v for _, v in hf[tag]] == pytest.approx([v for _, v in lightning[tag]], rel=1e-6, abs=1e-9), tag
+    # every_n_steps is in optimizer steps: training tags at 0, 1, 2 (the Jacobian's every 2: 0, 2), whatever the
+    # accumulation; validation once, after the last step
+    assert [s for s, _ in hf["attention/entropy/mean"]] == [0, 1, 2]
+    assert [s for s, _ in hf["attention/jacobian/mean"]] == [0, 2]
+    assert [s for s, _ in hf["val/attention/entropy/mean"]] == [STEPS]
+    assert hf["grad_norm/total"][0][1] > 0
+
+
+@pytest.mark.slow
+def test_gradient_norms_are_measured_before_the_trainers_clipping(tmp_path: Path) -> None:
+    """With max_grad_norm on, the Trainer clips before on_pre_optimizer_step; the adapter takes the clipping over,
+    so grad_norm/total is the norm before clipping (the Trainer's own train/grad_norm) and total_clipped is min(
+    total, max_grad_norm), and training follows the clipped gradients (the next step's values differ)."""
+    clip = 0.05
+    hf, trainer = hf_run(tmp_path / "clip", accumulate=1, max_grad_norm=clip)
+    total = dict(hf["grad_norm/total"])
+    clipped = dict(hf["grad_norm/total_clipped"])
+    assert all(v > clip for v in total.values()), total  # the clip bites on every step
+    assert clipped == pytest.approx({s: clip for s in total}, rel=1e-3)
+    # the Trainer's own grad_norm log, after the step, is the pre-clip norm of that step's gradients
+    hf_norm = dict(hf["train/grad_norm"])
+    assert [hf_norm[s + 1] for s in sorted(total)] == pytest.approx([total[s] for s in sorted(total)], rel=1e-5)
+    assert trainer.args.max_grad_norm == clip  # restored after the fit
+    unclipped, _ = hf_run(tmp_path / "noclip", accumulate=1)
+    assert unclipped["grad_norm/total"][0][1] == pytest.approx(total[0], rel=1e-5)  # same first step
+    assert unclipped["grad_norm/total"][1][1] != pytest.approx(total[1], rel=1e-3)  # then the clip changed the path
+
+
+def test_lightning_loop_callbacks_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="AttentionMapMonitor cannot run under transformers.Trainer: .*fit_loop"):
+        TrainerMonitors([AttentionMapMonitor()])
+    with pytest.raises(TypeError, match="Lightning callbacks"):
+        TrainerMonitors([object()])
+
+
+def test_every_hook_of_the_adapter_is_a_trainer_callback_event() -> None:
+    """A misspelt event would never be called: every on_* method is one of TrainerCallback's."""
+    from transformers import TrainerCallback
+
+    hooks = {name for name in vars(TrainerMonitors) if name.startswith("on_")}
+    assert hooks and hooks <= set(vars(TrainerCallback)), sorted(hooks - set(vars(TrainerCallback)))

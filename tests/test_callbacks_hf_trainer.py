@@ -164,3 +164,59 @@ def test_every_hook_of_the_adapter_is_a_trainer_callback_event() -> None:
 
     hooks = {name for name in vars(TrainerMonitors) if name.startswith("on_")}
     assert hooks and hooks <= set(vars(TrainerCallback)), sorted(hooks - set(vars(TrainerCallback)))
+
+
+@pytest.mark.slow
+def test_evaluate_before_training_is_the_lightning_validation_at_step_0_and_predict_is_not_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No event comes before evaluation: the taps open from the model's eval forward. evaluate() alone logs
+    val/ at step 0 with Lightning's validate() values; predict() between two evaluations adds nothing."""
+    from study.attention import active_taps
+
+    val = torch.utils.data.DataLoader(Samples(2 * BATCH, seed=2), batch_size=BATCH)
+    lightning_trainer = make_trainer(tmp_path / "lightning", monitors())
+    lightning_trainer.validate(GPT2Module(), val, verbose=False)
+    lightning = scalars(tmp_path / "lightning")
+
+    # Before train() the Trainer's TensorBoardCallback has no run folder of its own (it would write to ./runs)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "hf" / "runs" / "eval"))
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="tensorboard", use_cpu=True,
+                             per_device_eval_batch_size=BATCH, disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args, eval_dataset=Samples(2 * BATCH, seed=2))
+    TrainerMonitors(monitors()).attach(trainer)
+    trainer.evaluate()
+    trainer.predict(Samples(BATCH, seed=3))  # not an evaluation: not tapped, nothing logged
+    trainer.evaluate()
+    assert not active_taps()
+    (folder,) = (tmp_path / "hf" / "runs").iterdir()
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    hf = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    ours = {tag for tag in lightning if tag != "epoch"}
+    assert "val/attention/jacobian/mean" in ours and ours == {t for t in hf if not t.startswith(("train/", "eval/"))}
+    for tag in sorted(ours):
+        (step, value), = lightning[tag]
+        assert step == 0
+        assert hf[tag] == [(0, pytest.approx(value, rel=1e-6, abs=1e-9))] * 2, tag  # both evaluations, equal
+
+
+@pytest.mark.slow
+def test_a_failed_training_step_leaves_no_tap_open(tmp_path: Path) -> None:
+    """The Trainer has no exception event: the adapter's wrapped train() passes it to the monitors."""
+    from study.attention import active_taps
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard", use_cpu=True, max_steps=3,
+                             per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH * 3, seed=1))
+    TrainerMonitors(monitors()).attach(trainer)
+
+    def fail_at_step_1(module, inputs):
+        assert active_taps(), "the taps are open during a logging step's forward"
+        if trainer.state.global_step == 1:
+            raise RuntimeError("planted failure")
+
+    trainer.model.register_forward_pre_hook(fail_at_step_1)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        trainer.train()
+    assert not active_taps()

@@ -21,13 +21,14 @@ How the Trainer's events become Lightning hooks:
   ``on_pre_optimizer_step`` and then clips with the Trainer's own ``accelerator.clip_grad_norm_`` at the user's
   norm, before ``optimizer.step()``; ``on_train_end`` restores the argument. DeepSpeed clips inside its engine and
   is refused in that case;
-- validation: the Trainer has no event before evaluation, so the adapter opens the taps from a forward pre-hook on
-  the model: the first forward in eval mode starts a validation epoch (``on_validation_epoch_start``) and each
-  eval forward a validation batch; ``on_prediction_step`` ends the batch and ``on_evaluate`` ends the epoch
-  (``val/`` tags at the Trainer's global step). ``predict()`` is tapped the same way and thrown away at
-  ``on_predict``;
+- validation: the Trainer has no event before evaluation (nor before each prediction step), so `attach` wraps
+  the Trainer's ``evaluate`` (which its training loop calls too) and adds a forward pre-hook to the model: inside
+  ``evaluate``, the first forward starts a validation epoch (``on_validation_epoch_start``) and each forward a
+  validation batch; ``on_prediction_step`` ends the batch and ``on_evaluate`` ends the epoch (``val/`` tags at
+  the Trainer's global step). Forwards outside ``evaluate`` (``predict()``, your own calls) are not tapped;
 - ``on_train_begin`` is ``setup``, ``on_fit_start`` and ``on_train_start``; ``on_train_end`` is ``on_train_end``,
-  ``on_fit_end`` and ``teardown``.
+  ``on_fit_end`` and ``teardown``; an exception out of ``train`` or ``evaluate`` (which the Trainer has no event
+  for) is ``on_exception``, so no tap stays open after a failed run.
 
 TensorBoard: the scalars, histograms and layouts go through the `SummaryWriter` of the Trainer's own
 `TensorBoardCallback` (``report_to="tensorboard"``), found in ``trainer.callback_handler`` by `attach`. Reaching it
@@ -44,6 +45,7 @@ LightningModule (`UNSUPPORTED`). The monitors' counters are not saved in the Tra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -221,6 +223,8 @@ class TrainerMonitors(TrainerCallback):
         self._val_index = 0
         self._clip: float | None = None
         self._hook: Any = None
+        self._wrapped: dict[str, Any] = {}
+        self._evaluating = 0
 
     # ----- wiring ------------------------------------------------------------------------------------------
 
@@ -234,11 +238,34 @@ class TrainerMonitors(TrainerCallback):
         if self._hf_tensorboard is None and self.log_dir is None:
             raise ValueError("the Trainer has no TensorBoardCallback (report_to without 'tensorboard'): "
                              "add report_to='tensorboard' or give TrainerMonitors(log_dir=...)")
+        if self.trainer is not None:
+            raise ValueError("this TrainerMonitors is already attached to a Trainer")
         self.trainer = trainer
         self._bind(trainer.args, trainer.state, trainer.control)  # evaluate() may come before any train()
         trainer.add_callback(self)
         self._hook = trainer.model.register_forward_pre_hook(self._before_forward)
+        self._wrapped = {"train": trainer.train, "evaluate": trainer.evaluate}
+        trainer.train = self._watching(trainer.train, evaluating=False)
+        trainer.evaluate = self._watching(trainer.evaluate, evaluating=True)
         return self
+
+    def _watching(self, method: Any, evaluating: bool) -> Any:
+        """``method`` of the Trainer, marking evaluation and turning an exception into ``on_exception``."""
+
+        @functools.wraps(method)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            self._evaluating += evaluating
+            try:
+                return method(*args, **kwargs)
+            except BaseException as exception:
+                if self._view is not None:
+                    self._call("on_exception", self._view, exception)
+                self._val_epoch, self._val_batch = False, None
+                raise
+            finally:
+                self._evaluating -= evaluating
+
+        return watched
 
     def writer(self) -> Any:
         """The Trainer's SummaryWriter when it has one open, else the last one seen (a closed torch
@@ -331,7 +358,7 @@ class TrainerMonitors(TrainerCallback):
     # ----- evaluation --------------------------------------------------------------------------------------
 
     def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
-        if module.training or self._view is None or self._val_batch is not None:
+        if not self._evaluating or self._view is None or self._val_batch is not None:
             return
         if not self._val_epoch:
             self._val_epoch = True
@@ -357,19 +384,16 @@ class TrainerMonitors(TrainerCallback):
         self._val_epoch = False
         self._flush()
 
-    @override
-    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: Any,
-                   **kwargs: Any):
-        # predict() runs the same eval forwards: its sums are dropped by the next on_validation_epoch_start
-        self._val_epoch, self._val_batch = False, None
-
     def detach(self) -> None:
         """Remove the forward hook and the adapter from its Trainer."""
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self.trainer is not None:
+            for name, method in self._wrapped.items():
+                setattr(self.trainer, name, method)
             self.trainer.remove_callback(self)
+            self.trainer, self._wrapped = None, {}
 
 
 __all__ = ["UNSUPPORTED", "TrainerMonitors", "TrainerView"]

@@ -220,3 +220,53 @@ def test_a_failed_training_step_leaves_no_tap_open(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.train()
     assert not active_taps()
+
+
+def _evaluate_into(output: Path) -> None:
+    """evaluate() of the tiny GPT-2 on four samples, in this process (or in each of torchrun's processes)."""
+    import os
+
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(output / "runs" / "eval")
+    args = TrainingArguments(output_dir=str(output), report_to="tensorboard", use_cpu=True,
+                             per_device_eval_batch_size=1, disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args, eval_dataset=Samples(4, seed=2))
+    TrainerMonitors([AttentionEntropyMonitor(per_head=True), SelectionUniformityMonitor(selection_ks=(1, 4))]).attach(
+        trainer)
+    trainer.evaluate()
+
+
+def _logged(output: Path) -> dict[str, list[tuple[int, float]]]:
+    folders = sorted((output / "runs").iterdir())
+    assert len(folders) == 1, folders
+    acc = EventAccumulator(str(folders[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+            if not tag.startswith(("train/", "eval/"))}
+
+
+@pytest.mark.slow
+def test_two_processes_reduce_to_the_single_process_values_and_write_once(tmp_path: Path) -> None:
+    """Under torchrun (2 CPU processes, gloo) each rank evaluates two of the four samples; the sums reduced across
+    the ranks give the single process's values over all four, written once (rank 0)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29571",
+         "-m", "tests.test_callbacks_hf_trainer", str(tmp_path / "ddp")],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    _evaluate_into(tmp_path / "single")
+    single, ddp = _logged(tmp_path / "single"), _logged(tmp_path / "ddp")
+    assert single and set(ddp) == set(single)
+    for tag, values in single.items():
+        assert len(ddp[tag]) == 1, (tag, ddp[tag])  # once, not once per rank
+        assert ddp[tag][0][1] == pytest.approx(values[0][1], rel=1e-5, abs=1e-7), tag
+
+
+if __name__ == "__main__":  # a torchrun child of the test above
+    import sys
+
+    _evaluate_into(Path(sys.argv[1]))

@@ -18,9 +18,9 @@ How the Trainer's events become Lightning hooks:
   ``on_before_optimizer_step``) and ``max_grad_norm > 0``, the adapter takes the clipping over for the fit: it sets
   ``args.max_grad_norm`` to 0 at ``on_train_begin`` (the Trainer then measures the same pre-clip norm for its own
   ``grad_norm`` log, without clipping), calls the monitors' ``on_before_optimizer_step`` in
-  ``on_pre_optimizer_step`` and then clips with the Trainer's own ``accelerator.clip_grad_norm_`` at the user's
-  norm, before ``optimizer.step()``; ``on_train_end`` restores the argument. DeepSpeed clips inside its engine and
-  is refused in that case;
+  ``on_pre_optimizer_step`` and then clips at the user's norm (``torch.nn.utils.clip_grad_norm_``, what accelerate
+  does on unsharded gradients), before ``optimizer.step()``; ``on_train_end`` restores the argument. DeepSpeed,
+  FSDP and XLA, which clip in their own ways, are refused in that case;
 - validation: the Trainer has no event before evaluation (nor before each prediction step), so `attach` wraps
   the Trainer's ``evaluate`` (which its training loop calls too) and adds a forward pre-hook to the model: inside
   ``evaluate``, the first forward starts a validation epoch (``on_validation_epoch_start``) and each forward a
@@ -65,6 +65,11 @@ UNSUPPORTED = {
 }
 
 
+# accelerate's distributed types whose gradients are sharded or clipped by an engine (not by one norm over
+# the local, already-reduced gradients): the adapter cannot take the clipping over there.
+SHARDED = {"DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM"}
+
+
 def _overrides(callback: Callback, hook: str) -> bool:
     return getattr(type(callback), hook, None) is not getattr(Callback, hook)
 
@@ -79,7 +84,8 @@ class _Reduce:
         world = self._view.world_size
         if world <= 1 or not dist.is_available() or not dist.is_initialized():
             return tensor
-        op = str(reduce_op or "mean").lower()
+        op = reduce_op.name if isinstance(reduce_op, dist.ReduceOp.RedOpType) else str(reduce_op or "mean")
+        op = op.lower()
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM,
                "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
         if op not in ops:
@@ -89,7 +95,8 @@ class _Reduce:
         return out / world if op in ("mean", "avg") else out
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002 (Lightning's name)
-        value = torch.tensor(float(bool(decision)))
+        on_gpu = self._view.world_size > 1 and dist.is_initialized() and dist.get_backend() == "nccl"
+        value = torch.tensor(float(bool(decision)), device="cuda" if on_gpu else "cpu")
         total = float(self.reduce(value, reduce_op="sum"))
         return total == self._view.world_size if all else total > 0
 
@@ -305,9 +312,10 @@ class TrainerMonitors(TrainerCallback):
         view = self._bind(args, state, control)
         if args.max_grad_norm and args.max_grad_norm > 0 and any(_overrides(m, "on_before_optimizer_step")
                                                                   for m in self.monitors):
-            if self.trainer.accelerator.distributed_type.name == "DEEPSPEED":
-                raise ValueError("gradient monitors under DeepSpeed with max_grad_norm > 0: DeepSpeed clips inside "
-                                 "its engine, before any callback; set max_grad_norm=0 to log gradient norms")
+            kind = self.trainer.accelerator.distributed_type.name
+            if kind in SHARDED:
+                raise ValueError(f"gradient monitors with max_grad_norm > 0 under {kind}: its gradients are clipped "
+                                 "in ways the adapter cannot take over; set max_grad_norm=0 to log gradient norms")
             self._clip, args.max_grad_norm = float(args.max_grad_norm), 0.0
         self._batch_idx = 0
         self._call("setup", view, "fit")
@@ -332,8 +340,11 @@ class TrainerMonitors(TrainerCallback):
         view = self._bind(args, state, control)
         for optimizer in view.optimizers[:1]:
             self._call("on_before_optimizer_step", view, optimizer)
-        if self._clip is not None:  # the clipping the Trainer would have done before this event
-            self.trainer.accelerator.clip_grad_norm_(self.trainer.model.parameters(), self._clip)
+        if self._clip is not None:
+            # The clipping the Trainer would have done before this event. Its grad-norm log has already unscaled
+            # fp16 gradients (accelerate's clip_grad_norm_ at inf), so accelerate's clip, which unscales again,
+            # would fail: torch's is the same computation on unsharded gradients.
+            torch.nn.utils.clip_grad_norm_(self.trainer.model.parameters(), self._clip)
 
     @override
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):

@@ -17,6 +17,7 @@ from study.callbacks import (
     AttentionJacobianMonitor,
     AttentionMapMonitor,
     GradientNormMonitor,
+    NormalizerParameterMonitor,
     SelectionUniformityMonitor,
     TensorBoardLayout,
 )
@@ -28,11 +29,11 @@ LR = 0.05
 BATCH, LENGTH, VOCAB = 2, 12, 64
 
 
-def tiny_gpt2() -> GPT2LMHeadModel:
+def tiny_gpt2(spec: AttentionSpec = SPEC) -> GPT2LMHeadModel:
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: both paths see one function
-    return apply_attention_spec(GPT2LMHeadModel(config), SPEC)
+    return apply_attention_spec(GPT2LMHeadModel(config), spec)
 
 
 class Samples(torch.utils.data.Dataset):
@@ -52,9 +53,9 @@ class Samples(torch.utils.data.Dataset):
 
 
 class GPT2Module(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, spec: AttentionSpec = SPEC) -> None:
         super().__init__()
-        self.model = tiny_gpt2()
+        self.model = tiny_gpt2(spec)
 
     def training_step(self, batch, batch_idx):
         return self.model(**batch).loss
@@ -72,6 +73,7 @@ def monitors() -> list:
         SelectionUniformityMonitor(every_n_steps=1, selection_ks=(1, 4)),
         AttentionJacobianMonitor(every_n_steps=2, rows=4),
         GradientNormMonitor(every_n_steps=1, by=("block", "kind", "block_kind")),
+        NormalizerParameterMonitor(every_n_steps=1),  # SSMax's learnable s; nothing under softmax
         TensorBoardLayout(),
     ]
 
@@ -79,15 +81,15 @@ def monitors() -> list:
 STEPS = 3
 
 
-def lightning_run(root: Path, accumulate: int) -> dict[str, list[tuple[int, float]]]:
+def lightning_run(root: Path, accumulate: int, spec: AttentionSpec = SPEC) -> dict[str, list[tuple[int, float]]]:
     train = torch.utils.data.DataLoader(Samples(BATCH * STEPS * accumulate, seed=1), batch_size=BATCH)
     val = torch.utils.data.DataLoader(Samples(2 * BATCH, seed=2), batch_size=BATCH)
     trainer = make_trainer(root, monitors(), max_steps=STEPS, accumulate_grad_batches=accumulate)
-    trainer.fit(GPT2Module(), train, val)
+    trainer.fit(GPT2Module(spec), train, val)
     return scalars(root)
 
 
-def hf_run(root: Path, accumulate: int, max_grad_norm: float = 0.0) -> tuple[dict, Trainer]:
+def hf_run(root: Path, accumulate: int, max_grad_norm: float = 0.0, spec: AttentionSpec = SPEC) -> tuple[dict, Trainer]:
     args = TrainingArguments(
         output_dir=str(root), report_to="tensorboard", use_cpu=True, max_steps=STEPS, learning_rate=LR,
         optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=max_grad_norm,
@@ -95,7 +97,7 @@ def hf_run(root: Path, accumulate: int, max_grad_norm: float = 0.0) -> tuple[dic
         train_sampling_strategy="sequential", eval_strategy="steps", eval_steps=STEPS, save_strategy="no",
         logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
     )
-    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH * STEPS * accumulate, seed=1),
+    trainer = Trainer(model=tiny_gpt2(spec), args=args, train_dataset=Samples(BATCH * STEPS * accumulate, seed=1),
                       eval_dataset=Samples(2 * BATCH, seed=2))
     TrainerMonitors(monitors()).attach(trainer)
     trainer.train()
@@ -107,10 +109,11 @@ def hf_run(root: Path, accumulate: int, max_grad_norm: float = 0.0) -> tuple[dic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: int) -> None:
-    lightning = lightning_run(tmp_path / "lightning", accumulate)
-    hf, _ = hf_run(tmp_path / "hf", accumulate)
+@pytest.mark.parametrize(("accumulate", "spec"), [(1, SPEC), (2, SPEC), (1, AttentionSpec(normalizer="ssmax"))],
+                         ids=["T0.5-top4", "T0.5-top4-accumulate2", "ssmax"])
+def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: int, spec: AttentionSpec) -> None:
+    lightning = lightning_run(tmp_path / "lightning", accumulate, spec)
+    hf, _ = hf_run(tmp_path / "hf", accumulate, spec=spec)
     histograms = hf.pop("__histograms__")
     ours = {tag for tag in lightning if tag != "epoch"}
     assert ours, "the Lightning path logged nothing"
@@ -118,6 +121,7 @@ def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: 
     assert ours <= set(hf), sorted(ours - set(hf))
     assert {t for t in hf if not t.startswith(("train/", "eval/"))} == ours
     assert "attention/normalized_entropy/heads" in histograms and "val/attention/normalized_entropy/heads" in histograms
+    assert (spec.normalizer == "ssmax") == ("normalizer/ssmax_s/layer_1" in ours)
     for tag in sorted(ours):
         steps_l = [s for s, _ in lightning[tag]]
         steps_h = [s for s, _ in hf[tag]]
@@ -126,7 +130,8 @@ def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: 
     # every_n_steps is in optimizer steps: training tags at 0, 1, 2 (the Jacobian's every 2: 0, 2), whatever the
     # accumulation; validation once, after the last step
     assert [s for s, _ in hf["attention/entropy/mean"]] == [0, 1, 2]
-    assert [s for s, _ in hf["attention/jacobian/mean"]] == [0, 2]
+    if spec.normalizer == "softmax":  # the Jacobian monitor measures softmax layers only
+        assert [s for s, _ in hf["attention/jacobian/mean"]] == [0, 2]
     assert [s for s, _ in hf["val/attention/entropy/mean"]] == [STEPS]
     assert hf["grad_norm/total"][0][1] > 0
 

@@ -231,10 +231,18 @@ def _evaluate_into(output: Path) -> None:
     """evaluate() of the tiny GPT-2 on four samples, in this process (or in each of torchrun's processes)."""
     import os
 
+    # read when the Trainer builds its TensorBoardCallback; before train() it has no run folder of its own
+    saved = os.environ.get("TENSORBOARD_LOGGING_DIR")
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(output / "runs" / "eval")
-    args = TrainingArguments(output_dir=str(output), report_to="tensorboard", use_cpu=True,
-                             per_device_eval_batch_size=1, disable_tqdm=True)
-    trainer = Trainer(model=tiny_gpt2(), args=args, eval_dataset=Samples(4, seed=2))
+    try:
+        args = TrainingArguments(output_dir=str(output), report_to="tensorboard", use_cpu=True,
+                                 per_device_eval_batch_size=1, disable_tqdm=True)
+        trainer = Trainer(model=tiny_gpt2(), args=args, eval_dataset=Samples(4, seed=2))
+    finally:
+        if saved is None:
+            del os.environ["TENSORBOARD_LOGGING_DIR"]
+        else:
+            os.environ["TENSORBOARD_LOGGING_DIR"] = saved
     TrainerMonitors([AttentionEntropyMonitor(per_head=True), SelectionUniformityMonitor(selection_ks=(1, 4))]).attach(
         trainer)
     trainer.evaluate()
@@ -253,12 +261,16 @@ def _logged(output: Path) -> dict[str, list[tuple[int, float]]]:
 def test_two_processes_reduce_to_the_single_process_values_and_write_once(tmp_path: Path) -> None:
     """Under torchrun (2 CPU processes, gloo) each rank evaluates two of the four samples; the sums reduced across
     the ranks give the single process's values over all four, written once (rank 0)."""
+    import socket
     import subprocess
     import sys
 
+    with socket.socket() as free:  # a port no other test's processes hold
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29571",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
          "-m", "tests.test_callbacks_hf_trainer", str(tmp_path / "ddp")],
         cwd=root, capture_output=True, text=True, timeout=300,
     )

@@ -287,3 +287,33 @@ if __name__ == "__main__":  # a torchrun child of the test above
     import sys
 
     _evaluate_into(Path(sys.argv[1]))
+
+
+def test_passed_in_callbacks_without_attach_is_refused_before_training(tmp_path: Path) -> None:
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, max_steps=1,
+                             per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH, seed=1),
+                      callbacks=[TrainerMonitors([AttentionEntropyMonitor()], log_dir=str(tmp_path / "tb"))])
+    with pytest.raises(RuntimeError, match=r"attached with \.attach\(trainer\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_without_a_tensorboard_callback_or_log_dir_attach_says_what_to_do(tmp_path: Path) -> None:
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args)
+    with pytest.raises(ValueError, match="report_to='tensorboard' or give TrainerMonitors\\(log_dir=...\\)"):
+        TrainerMonitors([AttentionEntropyMonitor()]).attach(trainer)
+
+
+@pytest.mark.slow
+def test_without_report_to_tensorboard_the_tags_go_to_log_dir(tmp_path: Path) -> None:
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, max_steps=2,
+                             per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(2 * BATCH, seed=1))
+    TrainerMonitors([AttentionEntropyMonitor(every_n_steps=1)], log_dir=str(tmp_path / "tb")).attach(trainer)
+    trainer.train()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("attention/entropy/mean")] == [0, 1]
+    assert not (tmp_path / "out" / "runs").exists()

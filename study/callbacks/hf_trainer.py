@@ -289,6 +289,11 @@ class TrainerMonitors(TrainerCallback):
             self._writer = SummaryWriter(log_dir=folder)
         return self._writer
 
+    def _check_attached(self) -> None:
+        if self.trainer is None:
+            raise RuntimeError("TrainerMonitors must be attached with .attach(trainer), not passed in callbacks=: "
+                               "it needs the Trainer's TensorBoard writer and wraps its evaluate()")
+
     def _bind(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> TrainerView:
         if self._view is None or self._view.state is not state or self._view.args is not args:
             self._view = TrainerView(self, args, state)
@@ -307,8 +312,7 @@ class TrainerMonitors(TrainerCallback):
 
     @override
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        if self.trainer is None:
-            raise RuntimeError("TrainerMonitors must be attached with .attach(trainer), not passed in callbacks=")
+        self._check_attached()
         view = self._bind(args, state, control)
         if args.max_grad_norm and args.max_grad_norm > 0 and any(_overrides(m, "on_before_optimizer_step")
                                                                   for m in self.monitors):
@@ -389,6 +393,7 @@ class TrainerMonitors(TrainerCallback):
 
     @override
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        self._check_attached()  # evaluate() alone: nothing was tapped, say why
         view = self._bind(args, state, control)
         if self._val_epoch:
             self._call("on_validation_epoch_end", view)

@@ -212,7 +212,8 @@ def test_a_failed_training_step_leaves_no_tap_open(tmp_path: Path) -> None:
     from study.attention import active_taps
 
     args = TrainingArguments(output_dir=str(tmp_path), report_to="tensorboard", use_cpu=True, max_steps=3,
-                             per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True)
+                             per_device_train_batch_size=BATCH, save_strategy="no", disable_tqdm=True,
+                             max_grad_norm=0.5)
     trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH * 3, seed=1))
     TrainerMonitors(monitors()).attach(trainer)
 
@@ -225,6 +226,7 @@ def test_a_failed_training_step_leaves_no_tap_open(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.train()
     assert not active_taps()
+    assert trainer.args.max_grad_norm == 0.5  # the clipping the adapter took over is given back
 
 
 def _evaluate_into(output: Path) -> None:

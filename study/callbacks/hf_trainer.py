@@ -268,6 +268,8 @@ class TrainerMonitors(TrainerCallback):
                 if self._view is not None:
                     self._call("on_exception", self._view, exception)
                 self._val_epoch, self._val_batch = False, None
+                if self._clip is not None:  # the clipping taken over: the Trainer's argument back as it was
+                    self.trainer.args.max_grad_norm, self._clip = self._clip, None
                 raise
             finally:
                 self._evaluating -= evaluating

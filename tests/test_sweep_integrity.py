@@ -114,3 +114,51 @@ def test_a_changed_data_file_is_refused_by_name(tmp_path, text_files, capsys):
     capsys.readouterr()
     assert main(["--config", str(spec), "--dry-run"]) == 2
     assert f"file {train} (data.train_files[0]) changed (sha256 " in capsys.readouterr().err
+
+
+# ---- the sweep's own pretrained model (issue 32, item 4) -------------------------------------------------------
+def _pretrain_spec(tmp_path, seeds):
+    return write_spec(tmp_path, {"temperature": [1.0], "seed": seeds}, {"trainer.max_steps": 2,
+                      "trainer.val_check_interval": 2},
+                      pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}})
+
+
+@pytest.mark.slow
+def test_a_damaged_pretrained_model_is_refused_by_name(tmp_path, capsys):
+    """Checksums are written when pretrain/hf is built (here by hand, as `execute_run` does); a byte changed
+    afterwards is refused before any run trains from it, naming the folder and what to do."""
+    from study.cachefolder import write_checksums
+    from study.sweep.spec import build_plan
+
+    plan = build_plan(_pretrain_spec(tmp_path, [0]))
+    hf = plan.pretrain.dir / "hf"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
+    write_checksums(hf)
+    assert sweep_run.pretrained_problem(plan) is None
+    with open(hf / "model.safetensors", "r+b") as f:  # 256 bytes zeroed in place
+        f.seek(4096)
+        f.write(bytes(256))
+    problem = sweep_run.pretrained_problem(plan)
+    assert problem is not None and str(hf) in problem and "model.safetensors changed" in problem
+    assert f"delete {plan.pretrain.dir}" in problem
+    # the runs check it too, before they read it (a run of the pool, another process)
+    st = sweep_run.execute_run(plan.runs[0])
+    assert st["state"] == "failed" and str(hf) in st["reason"]
+    assert not (plan.runs[0].dir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_pretrained_model_damaged_between_sweeps_is_not_trained_from(tmp_path, capsys):
+    assert main(["--config", str(_pretrain_spec(tmp_path, [0])), "--no-estimate"]) == 0
+    hf = tmp_path / "logs" / "tiny" / "pretrain" / "hf"
+    assert (hf / "checksums.json").is_file()
+    with open(hf / "model.safetensors", "r+b") as f:
+        f.seek(1024)
+        f.write(bytes(4096))
+    capsys.readouterr()
+    assert main(["--config", str(_pretrain_spec(tmp_path, [0, 1])), "--no-estimate"]) == 2  # a seed added
+    err = capsys.readouterr().err
+    assert f"the sweep's pretrained model {hf} is damaged" in err
+    assert not (tmp_path / "logs" / "tiny" / "T1_kall_softmax_s1").exists()

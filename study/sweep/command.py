@@ -24,7 +24,15 @@ from study.sweep.pool import (
     run_pool,
     wait_for_pretraining,
 )
-from study.sweep.run import FINAL_STATES, done, is_rank_zero, pretrain_done, read_status, run_one
+from study.sweep.run import (
+    FINAL_STATES,
+    done,
+    is_rank_zero,
+    pretrain_done,
+    pretrained_problem,
+    read_status,
+    run_one,
+)
 from study.sweep.spec import Plan, SweepSpecError, build_plan
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
@@ -156,6 +164,9 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
         _check_stale(plan)
     except SweepSpecError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
+        return 2
+    if damaged := pretrained_problem(plan):
+        print(f"study sweep: {damaged}", file=sys.stderr)
         return 2
     for note in plan.notes:
         if is_rank_zero():

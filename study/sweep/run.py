@@ -86,6 +86,24 @@ def pretrain_done(plan: Plan) -> bool:
     )
 
 
+def pretrained_problem(plan: Plan) -> str | None:
+    """Why the sweep's own pretrained model (`pretrain/hf`, built with checksums) cannot be used, in one line naming
+    it and what to do; None when there is none yet or it is as built."""
+    if plan.pretrain is None or not (plan.pretrain.dir / "hf").exists():
+        return None
+    return model_folder_problem(plan.pretrain.dir / "hf", plan.pretrain.dir)
+
+
+def model_folder_problem(hf: Path, pretrain_dir: Path) -> str | None:
+    from study.cachefolder import folder_problem
+
+    problem = folder_problem(hf)
+    if problem is None:
+        return None
+    return (f"the sweep's pretrained model {hf} is damaged ({problem}); no run trains from it: delete "
+            f"{pretrain_dir} to pretrain it again")
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -161,6 +179,16 @@ def _logs_lost_before(run: Run, step: int, logged: dict) -> str | None:
     return None
 
 
+def _pretrained_model_problem(run: Run) -> str | None:
+    """The run's model, when it is its sweep's own pretrained model (`<sweep>/pretrain/hf`), checked against its
+    checksums before the run reads it."""
+    model = dotted_get(run.resolved, "model.model_name_or_path")
+    hf = Path(str(model)) if model else None
+    if hf is None or hf.name != "hf" or hf.parent.name != "pretrain" or hf.parent.parent != run.dir.parent:
+        return None
+    return model_folder_problem(hf, hf.parent)
+
+
 # ---- one run, in this process ---------------------------------------------------------------------------------
 def _numeric_metrics(metrics: dict) -> dict[str, float]:
     out = {}
@@ -216,9 +244,14 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
         return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():
-        hf = run.dir / "hf"
-        cli.model.model.save_pretrained(hf)
-        cli.datamodule.tokenizer.save_pretrained(hf)
+        from study.cachefolder import build_atomically
+
+        def save(folder: Path) -> None:
+            cli.model.model.save_pretrained(folder)
+            cli.datamodule.tokenizer.save_pretrained(folder)
+
+        # built aside, with checksums, renamed into place: every run that trains from it checks it first
+        build_atomically(save, run.dir / "hf")
     return {**out, "state": "finished"}
 
 
@@ -267,6 +300,10 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     from study.fit import lightning_main
 
     run.dir.mkdir(parents=True, exist_ok=True)
+    if not is_pretrain and (problem := _pretrained_model_problem(run)):
+        status = {**_new_status(run, read_status(run.dir) or {}, None, None, []), "state": "failed", "reason": problem}
+        write_status(run.dir, status)
+        return status
     resume, step, notes = resume_point(run.dir / "checkpoints")
     max_steps = _max_steps(run)
     if resume is not None and max_steps is not None and step >= max_steps:

@@ -77,3 +77,20 @@ def test_sigterm_is_recorded(tmp_path):
     assert first.returncode != 0
     st = status(tmp_path / "logs" / "tiny" / "T0.5_kall_softmax_s0")
     assert st["state"] == "failed" and st["reason"].startswith("interrupted: SIGTERM"), st
+
+
+def test_a_disk_that_stays_full_fails_each_run_and_the_sweep_ends_with_its_closing_line(tmp_path):
+    """From step 3 of the first run on no file may grow past 1 byte (as on a full disk), for the rest of the
+    sweep: every run fails, none stops the sweep, and the closing line still comes (it used to end with [Errno 28]
+    from a message written to a run's log on that disk)."""
+    spec = write_spec(
+        tmp_path, {"temperature": [0.5, 1.0, 2.0]}, {"trainer.max_steps": 6, "trainer.val_check_interval": 6},
+        callbacks=[{"class_path": "tests.faults.FileSizeLimitAtStep", "init_args": {"step": 3, "limit": 1}}],
+    )
+    done = sweep(spec, faults=True)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("[")] == [
+        "[1/3] T0.5_kall_softmax_s0", "[2/3] T1_kall_softmax_s0", "[3/3] T2_kall_softmax_s0"]
+    assert lines[-1].startswith("study sweep tiny: ") and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "finished" not in lines[-1]  # nothing could be recorded: each run is redone by the next sweep

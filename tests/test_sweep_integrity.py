@@ -162,3 +162,17 @@ def test_a_pretrained_model_damaged_between_sweeps_is_not_trained_from(tmp_path,
     err = capsys.readouterr().err
     assert f"the sweep's pretrained model {hf} is damaged" in err
     assert not (tmp_path / "logs" / "tiny" / "T1_kall_softmax_s1").exists()
+
+
+def test_a_status_that_cannot_be_written_while_the_log_is_on_the_full_disk_does_not_raise(tmp_path, monkeypatch):
+    """The note that a status was lost goes to stderr, which during a run is the run's log on that same disk
+    (/dev/full stands for it): it is lost too, and nothing raises out of the sweep (issue 32, item 5)."""
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with sweep_run.run_console(Path("/dev/full")):
+        monkeypatch.setattr(Path, "write_text", full)
+        sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "failed"})
+    monkeypatch.undo()
+    assert not (tmp_path / "run" / "status.json").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from study.report import markdown as md
 from study.report import sources
+from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
@@ -190,11 +191,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
     )
     path = out / "report.md"
-    path.write_text(text)
+    write_text_atomically(path, text)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
-    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_text_atomically(out / "report.json", json.dumps(data, indent=1) + "\n")
     return path

@@ -135,18 +135,23 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             flush=True,
         )
         return 0
-    report = None
+    report, report_failed = None, None
     if plan.report and not args.no_report:
         from study.report import build_report
 
-        report = build_report(plan.sweep_dir)
+        try:
+            report = build_report(plan.sweep_dir)
+        except OSError as err:  # a full disk: the report is one failed item; the runs and their logs stand
+            report_failed = f"{type(err).__name__}: {err}"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
-        + (f"; report: {report}" if report else ""),
+        + (f"; report: {report}" if report else "")
+        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} once there is room"
+           if report_failed else ""),
         flush=True,
     )
     steps_ok = all(outcome is not False for outcome in outcomes.values())
-    return 0 if all(s in FINAL_STATES for s in states) and steps_ok else 1
+    return 0 if all(s in FINAL_STATES for s in states) and steps_ok and not report_failed else 1
 
 
 def _checked_plan(args, rest: list[str]) -> Plan | int:

@@ -60,7 +60,10 @@ def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
     proc.log.close()  # type: ignore[attr-defined]
     status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
     if proc.returncode != 0 and status.get("state") in (None, "running"):
-        tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+        try:
+            tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+        except OSError:
+            tail = []
         status.update(
             state="failed",
             reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
@@ -159,11 +162,25 @@ def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True)
                 if done(run):  # finished by another process since the plan was read
                     progress.update(run, read_status(run.dir) or {}, skipped=True)
                     continue
-                with run_console(run.dir / "sweep.log", quiet):
-                    status = execute_run(run)
+                try:
+                    with run_console(run.dir / "sweep.log", quiet):
+                        status = execute_run(run)
+                except OSError as err:  # a full disk before or after the run could record itself: one failed run
+                    status = failed_by(run, err)
                 progress.update(run, status)
         except RunBusy as held:
             _left_to_others(run, held, progress)
+        except OSError as err:  # the lock or the folder cannot even be made: the run fails, the sweep goes on
+            progress.update(run, failed_by(run, err))
+
+
+def failed_by(run: Run, err: OSError) -> dict[str, Any]:
+    """The status of a run that an OS error (a full disk) stopped outside its fit, recorded if it can be."""
+    previous = read_status(run.dir) or {}
+    status = {**{k: previous.get(k) for k in ("name", "index", "fingerprint", "attempts")}, "name": run.name,
+              "index": run.index, "state": "failed", "reason": f"{type(err).__name__}: {err}", "ended": utc_now()}
+    write_status(run.dir, status)
+    return status
 
 
 def run_pool(
@@ -193,7 +210,10 @@ def run_pool(
                     continue
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
                 cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
-                active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
+                try:
+                    active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
+                except OSError as err:  # its log cannot be opened (a full disk): one failed run
+                    progress.update(run, failed_by(run, err))
         time.sleep(0.2)
         for slot in list(active):
             job = active[slot]

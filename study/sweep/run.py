@@ -69,11 +69,20 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
                 f.write(data)
                 f.truncate(len(data))
         except OSError as second:
-            print(
+            say(
                 f"study sweep: could not record {status.get('name', run_dir.name)} as {status.get('state')} "
                 f"({type(first).__name__}: {first}; in place: {type(second).__name__}: {second}); going on",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+            )
+
+
+def say(line: str) -> None:
+    """Print a line on stderr, which may be a run's log on the full disk that made the line necessary: then the line
+    is lost, and the sweep goes on (a full disk is one failed item, never a crash)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 def done(run: Run) -> bool:
@@ -279,8 +288,9 @@ def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
             try:
                 yield
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError):  # a full disk: what is left unwritten is lost, not fatal
+                        stream.flush()
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)

@@ -71,9 +71,11 @@ def test_a_run_name_that_is_not_one_folder_is_refused(tmp_path, monkeypatch):
         build_plan(write_spec(tmp_path, {"temperature": [1.0]}))
 
 
-def _fake_finished(sweep_dir: Path, index: int) -> dict:
-    """Mark run `index` of the plan.json a `--dry-run` wrote as finished, as a sweep records it."""
-    entry = json.loads((sweep_dir / "plan.json").read_text())["runs"][index]
+def _fake_finished(sweep_dir: Path, index: int, spec: Path) -> dict:
+    """Mark run `index` of the spec's plan as finished, as a sweep records it."""
+    from study.sweep.spec import build_plan
+
+    entry = json.loads(json.dumps(build_plan(spec).as_dict(), default=str))["runs"][index]
     run = sweep_dir / entry["name"]
     run.mkdir(parents=True, exist_ok=True)
     status = {"name": entry["name"], "state": "finished", "fingerprint": entry["fingerprint"], "depends": entry["depends"]}
@@ -90,7 +92,7 @@ def test_an_edited_base_config_is_refused_not_pooled(tmp_path, capsys):
     base.write_text((ROOT / "configs" / "default.yaml").read_text())
     spec = write_spec(tmp_path, {"seed": [0]}, base=str(base))
     assert main(["--config", str(spec), "--dry-run"]) == 0
-    entry = _fake_finished(tmp_path / "logs" / "tiny", 0)
+    entry = _fake_finished(tmp_path / "logs" / "tiny", 0, spec)
     assert entry["depends"][f"base config {base}"].startswith("sha256 ")
     assert "data: the embedded corpus" in entry["depends"]
     base.write_text(base.read_text().replace("learning_rate: ", "learning_rate: 2.0e-3 # was "))
@@ -100,7 +102,7 @@ def test_an_edited_base_config_is_refused_not_pooled(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"run {entry['name']} was trained with other inputs than this sweep would use now: base config {base} " \
            "changed (sha256 " in err and "never pooled" in err
-    assert len(json.loads((tmp_path / "logs" / "tiny" / "plan.json").read_text())["runs"]) == 1  # not rewritten
+    assert not (tmp_path / "logs" / "tiny" / "plan.json").exists()  # a dry run writes nothing
 
 
 def test_a_changed_data_file_is_refused_by_name(tmp_path, text_files, capsys):
@@ -108,7 +110,7 @@ def test_a_changed_data_file_is_refused_by_name(tmp_path, text_files, capsys):
     overrides = {"data.source": "files", "data.train_files": [train], "data.val_files": [val], "data.vocab_size": 300}
     spec = write_spec(tmp_path, {"temperature": [1.0]}, overrides)
     assert main(["--config", str(spec), "--dry-run"]) == 0
-    _fake_finished(tmp_path / "logs" / "tiny", 0)
+    _fake_finished(tmp_path / "logs" / "tiny", 0, spec)
     assert main(["--config", str(spec), "--dry-run"]) == 0  # unchanged: accepted
     Path(train).write_text(Path(train).read_text() + "one more line\n")
     capsys.readouterr()
@@ -176,3 +178,68 @@ def test_a_status_that_cannot_be_written_while_the_log_is_on_the_full_disk_does_
         sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "failed"})
     monkeypatch.undo()
     assert not (tmp_path / "run" / "status.json").exists()
+
+
+# ---- links and dry runs (issue 32, items 6 and 10) ----------------------------------------------------------------
+@pytest.mark.parametrize("planted", ["run.lock", "sweep.log", "checkpoints", "status.json"])
+def test_a_link_planted_in_a_run_folder_is_refused_and_its_target_untouched(tmp_path, planted, capsys):
+    spec = write_spec(tmp_path, {"temperature": [1.0]})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("precious")
+    run = tmp_path / "logs" / "tiny" / "T1_kall_softmax_s0"
+    run.mkdir(parents=True)
+    (run / planted).symlink_to(outside if planted == "checkpoints" else outside / "precious.txt")
+    assert main(["--config", str(spec), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"study sweep: {run / planted} is a link out of the sweep folder" in err and len(err.splitlines()) == 1
+    assert (outside / "precious.txt").read_text() == "precious" and [p.name for p in outside.iterdir()] == [
+        "precious.txt"]
+
+
+def test_links_planted_after_the_sweep_started_are_refused_where_it_writes(tmp_path):
+    from study.sweep.lock import RunLock
+
+    outside = tmp_path / "precious.txt"
+    outside.write_text("precious")
+    run = tmp_path / "sweep" / "run"
+    run.mkdir(parents=True)
+    (run / "run.lock").symlink_to(outside)
+    with pytest.raises(OSError, match="run.lock is a link: refused"):
+        RunLock(run).acquire()
+    (run / "run.lock").unlink()
+    (run / "sweep.log").symlink_to(outside)
+    with pytest.raises(OSError), sweep_run.run_console(run / "sweep.log"):
+        pass
+    assert outside.read_text() == "precious"
+    assert sweep_run.links_out_of(run) == [run / "sweep.log"]
+    (run / "sweep.log").unlink()
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "epoch=0-step=2.ckpt").write_bytes(b"x")
+    (run / "checkpoints" / "last.ckpt").symlink_to(run / "checkpoints" / "epoch=0-step=2.ckpt")  # save_last: link
+    assert sweep_run.links_out_of(run) == []
+    assert sweep_run.links_out_of(tmp_path / "sweep") == []
+
+
+def test_the_save_dir_itself_may_be_a_link(tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "logs").symlink_to(scratch)
+    spec = write_spec(tmp_path, {"temperature": [1.0]})
+    assert main(["--config", str(spec), "--dry-run"]) == 0
+
+
+def test_a_dry_run_writes_nothing(tmp_path, capsys):
+    """A dry run with a smaller grid under an existing sweep's name replaced its plan.json, and the report then
+    covered only the runs of the smaller grid."""
+    spec = write_spec(tmp_path, {"temperature": [0.5, 1.0]})
+    assert main(["--config", str(spec), "--dry-run"]) == 0
+    assert not (tmp_path / "logs").exists()
+    sweep = tmp_path / "logs" / "tiny"
+    sweep.mkdir(parents=True)
+    (sweep / "plan.json").write_text('{"sweep": "tiny", "runs": [{"name": "a"}, {"name": "b"}]}')
+    spec = write_spec(tmp_path, {"temperature": [1.0]})
+    assert main(["--config", str(spec), "--dry-run"]) == 0
+    assert (sweep / "plan.json").read_text() == '{"sweep": "tiny", "runs": [{"name": "a"}, {"name": "b"}]}'
+    assert [p.name for p in sweep.iterdir()] == ["plan.json"]
+    assert "nothing written" in capsys.readouterr().out

@@ -28,6 +28,7 @@ from study.sweep.run import (
     FINAL_STATES,
     done,
     is_rank_zero,
+    links_out_of,
     pretrain_done,
     pretrained_problem,
     read_status,
@@ -170,6 +171,11 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     except SweepSpecError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
+    if links := links_out_of(plan.sweep_dir):
+        print(f"study sweep: {links[0]} is a link out of the sweep folder {plan.sweep_dir}: the sweep writes only "
+              f"inside it; remove the link{f' (and {len(links) - 1} more)' if len(links) > 1 else ''}",
+              file=sys.stderr)
+        return 2
     if damaged := pretrained_problem(plan):
         print(f"study sweep: {damaged}", file=sys.stderr)
         return 2
@@ -205,16 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_index is not None:
         return run_one(plan, args.run_index)
 
+    if args.dry_run:  # writes nothing: a smaller grid under an existing sweep's name must not replace its plan
+        for run in plan.runs:
+            print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
+        print(f"{len(plan.runs)} runs; nothing written (a sweep writes its plan to {plan.sweep_dir / 'plan.json'})")
+        return 0
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
     tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
     tmp.replace(plan.sweep_dir / "plan.json")
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
-    if args.dry_run:
-        for run in plan.runs:
-            print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
-        print(f"{len(plan.runs)} runs; plan written to {plan.sweep_dir / 'plan.json'}")
-        return 0
 
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)

@@ -16,7 +16,16 @@ from study import tags
 from study.progress import format_seconds
 from study.sweep.frozen_steps import FrozenStep, Launched, launch
 from study.sweep.lock import RunBusy, RunLock, busy
-from study.sweep.run import done, execute_run, read_status, run_console, say_taken_over, utc_now, write_status
+from study.sweep.run import (
+    done,
+    execute_run,
+    open_log,
+    read_status,
+    run_console,
+    say_taken_over,
+    utc_now,
+    write_status,
+)
 from study.sweep.spec import Plan, Run
 
 
@@ -50,7 +59,7 @@ def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None
     # together can pick the same free port and one fails with EADDRINUSE.
     env["MASTER_PORT"] = str(free_port())
     env.update(env_extra or {})
-    log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
+    log = open_log(run.dir / "sweep.log")  # closed by the caller through proc.log
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     proc.log = log  # type: ignore[attr-defined]
     return proc

@@ -65,7 +65,8 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
         compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
         data = json.dumps(compact, default=str).encode()
         try:
-            with open(run_dir / STATUS_FILE, "r+b") as f:  # in place: no new disk blocks
+            fd = os.open(run_dir / STATUS_FILE, os.O_RDWR | os.O_NOFOLLOW)  # never a planted link's target
+            with os.fdopen(fd, "r+b") as f:  # in place: no new disk blocks
                 f.write(data)
                 f.truncate(len(data))
         except OSError as second:
@@ -83,6 +84,26 @@ def say(line: str) -> None:
     except OSError:
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.flush()
+
+
+def links_out_of(folder: Path) -> list[Path]:
+    """The symbolic links inside ``folder`` (at any depth, not followed) that lead out of it or nowhere: a planted
+    `run.lock`, `sweep.log` or `checkpoints` link would make the sweep truncate, append to or write files outside
+    save_dir. The folder itself and its parents may be links (logs on a scratch disk); links that stay inside it
+    (Lightning's `save_last: link`) are fine."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    root = folder.resolve()
+    found = []
+    for parent, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, not entered
+        for name in (*dirs, *files):
+            path = Path(parent) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists() or not target.is_relative_to(root):
+                    found.append(path)
+    return sorted(found)
 
 
 def done(run: Run) -> bool:
@@ -264,6 +285,12 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     return {**out, "state": "finished"}
 
 
+def open_log(log: Path):
+    """A run's log opened for appending, never through a link (a planted `sweep.log` link would have the run append
+    to its target outside the sweep folder)."""
+    return os.fdopen(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
+
+
 @contextlib.contextmanager
 def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
     """Send everything a run prints to ``log`` (appended), so that a sweep's console keeps one line per run.
@@ -280,7 +307,7 @@ def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     try:
-        with open(log, "ab") as sink, contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(
+        with open_log(log) as sink, contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(
             sys.__stderr__
         ):
             os.dup2(sink.fileno(), 1)
@@ -310,7 +337,12 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     from study.fit import lightning_main
 
     run.dir.mkdir(parents=True, exist_ok=True)
-    if not is_pretrain and (problem := _pretrained_model_problem(run)):
+    problem = None
+    if links := links_out_of(run.dir):  # planted since the sweep started: nothing of the run is written
+        problem = f"{links[0]} is a link out of the sweep folder: refused (remove it)"
+    elif not is_pretrain:
+        problem = _pretrained_model_problem(run)
+    if problem:
         status = {**_new_status(run, read_status(run.dir) or {}, None, None, []), "state": "failed", "reason": problem}
         write_status(run.dir, status)
         return status

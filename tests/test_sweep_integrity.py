@@ -243,3 +243,20 @@ def test_a_dry_run_writes_nothing(tmp_path, capsys):
     assert (sweep / "plan.json").read_text() == '{"sweep": "tiny", "runs": [{"name": "a"}, {"name": "b"}]}'
     assert [p.name for p in sweep.iterdir()] == ["plan.json"]
     assert "nothing written" in capsys.readouterr().out
+
+
+# ---- settings recorded apart from status.json (issue 32, item 7) ---------------------------------------------
+def test_a_damaged_status_does_not_let_a_run_resume_under_other_settings(tmp_path, capsys):
+    """An unfinished run whose status.json was cut, then the lr override changed: it used to resume from the old
+    checkpoint while status, plan and report said the new rate."""
+    from study.sweep.spec import build_plan
+
+    spec = write_spec(tmp_path, {"temperature": [1.0]}, {"model.learning_rate": 0.001})
+    run = build_plan(spec).runs[0]
+    run.dir.mkdir(parents=True)
+    sweep_run.write_settings(run)  # as execute_run records it before training
+    (run.dir / "status.json").write_text('{"name": "T1_kall_softmax_s0", "state": "runn')  # cut by a kill
+    spec = write_spec(tmp_path, {"temperature": [1.0]}, {"model.learning_rate": 0.05})
+    assert main(["--config", str(spec), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run.dir} was made with other settings (fingerprint {run.fingerprint} != " in err

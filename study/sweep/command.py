@@ -32,6 +32,7 @@ from study.sweep.run import (
     pretrain_done,
     pretrained_problem,
     read_status,
+    recorded_settings,
     run_one,
 )
 from study.sweep.spec import Plan, SweepSpecError, build_plan
@@ -85,7 +86,7 @@ def _check_stale(plan: Plan) -> None:
     (base config, data, model): resuming or pooling them would mix two settings under one name."""
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     for run in runs:
-        status = read_status(run.dir)
+        status = recorded_settings(run.dir)  # status.json, else settings.json when status.json is damaged
         if status and status.get("fingerprint") not in (None, run.fingerprint):
             raise SweepSpecError(
                 f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "

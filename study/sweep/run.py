@@ -86,6 +86,30 @@ def say(line: str) -> None:
             sys.stderr.flush()
 
 
+SETTINGS_FILE = "settings.json"
+
+
+def write_settings(run: Run) -> None:
+    """Record what the run trains with (its settings' fingerprint and its inputs' digests) in its folder, apart from
+    status.json and before it trains: a damaged status.json must not let it resume under other settings."""
+    if not is_rank_zero():
+        return
+    tmp = run.dir / f".{SETTINGS_FILE}.tmp"
+    tmp.write_text(json.dumps({"name": run.name, "fingerprint": run.fingerprint, "depends": run.depends}, indent=1))
+    tmp.replace(run.dir / SETTINGS_FILE)
+
+
+def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
+    """What the run folder says its run trained with: status.json's record, else settings.json's; None if neither
+    can be read."""
+    for name in (STATUS_FILE, SETTINGS_FILE):
+        path = Path(run_dir) / name
+        record = read_json(path, []) if path.is_file() and not path.is_symlink() else None
+        if record and record.get("fingerprint"):
+            return record
+    return None
+
+
 def links_out_of(folder: Path) -> list[Path]:
     """The symbolic links inside ``folder`` (at any depth, not followed) that lead out of it or nowhere: a planted
     `run.lock`, `sweep.log` or `checkpoints` link would make the sweep truncate, append to or write files outside
@@ -347,6 +371,13 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         write_status(run.dir, status)
         return status
     resume, step, notes = resume_point(run.dir / "checkpoints")
+    recorded = (recorded_settings(run.dir) or {}).get("fingerprint")
+    if resume is not None and recorded != run.fingerprint:
+        # status.json and settings.json both unreadable, or made with other settings: the checkpoint's settings are
+        # unknown, and resuming could mix two settings in one run. Seeded, starting over rebuilds it exactly.
+        notes = [*notes, f"{resume.name} was made under {'other' if recorded else 'unrecorded'} settings "
+                 f"(fingerprint {recorded}, now {run.fingerprint}): starting over"]
+        resume, step = None, None
     max_steps = _max_steps(run)
     if resume is not None and max_steps is not None and step >= max_steps:
         # Killed after its final checkpoint but before the end of the run: Lightning logs a step's metrics after
@@ -370,6 +401,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
             # resumed attempt does not run it again: keep step `step`, purge from the next one.
             purge = step + 1
     status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
+    write_settings(run)
     for note in status["notes"]:
         if is_rank_zero():
             print(f"{run.name}: {note}", flush=True)

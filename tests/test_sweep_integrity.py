@@ -246,6 +246,7 @@ def test_a_dry_run_writes_nothing(tmp_path, capsys):
 
 
 # ---- settings recorded apart from status.json (issue 32, item 7) ---------------------------------------------
+@pytest.mark.slow
 def test_a_damaged_status_does_not_let_a_run_resume_under_other_settings(tmp_path, capsys):
     """An unfinished run whose status.json was cut, then the lr override changed: it used to resume from the old
     checkpoint while status, plan and report said the new rate."""

@@ -261,3 +261,50 @@ def test_a_damaged_status_does_not_let_a_run_resume_under_other_settings(tmp_pat
     assert main(["--config", str(spec), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert f"{run.dir} was made with other settings (fingerprint {run.fingerprint} != " in err
+
+
+# ---- bad values refused before anything is built (issue 32, item 11) -----------------------------------------
+@pytest.mark.parametrize(
+    "grid, overrides, extra, argv, expected",
+    [
+        ({"top_k": [None, 8]}, {"data.block_size": 8}, {}, [],
+         "model.attention.top_k 8 >= data.block_size 8: it selects every key"),
+        ({"temperature": None}, {}, {}, [], "grid `temperature` is null"),
+        ({"temperature": [1.0]}, {"trainer.val_check_interval": 10}, {}, [],
+         "trainer.val_check_interval 10 > trainer.max_steps 6"),
+        ({"temperature": [1.0]}, {"trainer.max_steps": 0}, {}, [], "trainer.max_steps 0 trains no step"),
+        ({"temperature": [1.0]}, {"model.learning_rate": -1}, {}, [], "model.learning_rate must be a positive number, got -1"),
+        ({"temperature": [1.0]}, {}, {"checkpoint": {"every_n_train_steps": 0}}, [],
+         "`checkpoint.every_n_train_steps` must be a positive integer or null, got 0"),
+        ({"temperature": [1.0]}, {}, {"checkpoint": {"every_n_train_steps": -5}}, [],
+         "got -5"),
+        ({"temperature": [1.0]}, {}, {"save_dir": ["a", "b"]}, [], "`save_dir` must be one folder path, got ['a', 'b']"),
+        ({"temperature": [1.0]}, {}, {}, ["--threads", "0"], "--threads must be >= 1, got 0"),
+        ({"temperature": [1.0]}, {}, {}, ["--threads", "-1"], "--threads must be >= 1, got -1"),
+        ({"temperature": [1.0]}, {}, {}, ["--run-index", "-1"], "--run-index '-1' is not in 0..0"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line_before_anything_is_built(tmp_path, capsys, grid, overrides, extra, argv,
+                                                                     expected):
+    spec = write_spec(tmp_path, grid, overrides, **extra)
+    if "save_dir" in extra:  # write_spec sets its own; the bad one replaces it
+        import yaml
+
+        data = yaml.safe_load(spec.read_text())
+        data["save_dir"] = extra["save_dir"]
+        spec.write_text(yaml.safe_dump(data))
+    assert main(["--config", str(spec), "--no-estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_yaml_refuses_a_duplicate_key_and_reads_1e_300_as_a_number(tmp_path):
+    from study.errors import ConfigError, load_yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("overrides:\n  model.learning_rate: 1e-300\n  trainer.max_steps: 5e1\n")
+    assert load_yaml(path) == {"overrides": {"model.learning_rate": 1e-300, "trainer.max_steps": 50.0}}
+    path.write_text("grid:\n  temperature: [1.0]\n  temperature: [0.1]\n")
+    with pytest.raises(ConfigError, match=r"spec.yaml:3:3: YAML syntax error: duplicate key 'temperature' \(also on line 2\)"):
+        load_yaml(path)

@@ -183,6 +183,9 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     for note in plan.notes:
         if is_rank_zero():
             print(f"study sweep: {note}", file=sys.stderr, flush=True)
+    if args.threads is not None and args.threads < 1:
+        print(f"study sweep: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2

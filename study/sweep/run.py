@@ -448,6 +448,8 @@ def run_one(plan: Plan, index: str) -> int:
         run, is_pretrain = plan.pretrain, True
     else:
         try:
+            if int(index) < 0:  # a Python index from the end would run another run
+                raise IndexError(index)
             run, is_pretrain = plan.runs[int(index)], False
         except (ValueError, IndexError):
             print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,39 @@ def test_a_disk_that_stays_full_fails_each_run_and_the_sweep_ends_with_its_closi
         "[1/3] T0.5_kall_softmax_s0", "[2/3] T1_kall_softmax_s0", "[3/3] T2_kall_softmax_s0"]
     assert lines[-1].startswith("study sweep tiny: ") and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "finished" not in lines[-1]  # nothing could be recorded: each run is redone by the next sweep
+
+
+def test_sigterm_to_the_parallel_parent_stops_and_records_its_runs(tmp_path):
+    """The parent used to die at once and print nothing, its two runs training on as orphans holding their locks."""
+    import json
+    import signal
+    import time
+
+    from study.sweep.lock import busy
+
+    spec = write_spec(tmp_path, {"temperature": [0.5, 1.0]},
+                      {"trainer.max_steps": 100000, "trainer.val_check_interval": 6})
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--no-estimate", "--parallel", "2"]
+    parent = subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [tmp_path / "logs" / "tiny" / name for name in ("T0.5_kall_softmax_s0", "T1_kall_softmax_s0")]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not all((r / "checkpoints").is_dir() for r in runs):  # both training
+        assert parent.poll() is None, parent.communicate()
+        time.sleep(0.5)
+    holders = [json.loads((r / "run.lock").read_text())["pid"] for r in runs]
+    parent.send_signal(signal.SIGTERM)
+    out, err = parent.communicate(timeout=180)
+    assert parent.returncode == 128 + 15, out[-2000:] + err[-2000:]
+    assert [line for line in out.splitlines() if line.startswith("study sweep: stopped")] == [
+        "study sweep: stopped by SIGTERM; 2 running job(s) stopped and recorded (T0.5_kall_softmax_s0, "
+        "T1_kall_softmax_s0); rerun the same command to resume"]
+    for run, pid in zip(runs, holders):
+        assert busy(run) is None  # its lock released: no process of it is left
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            raise AssertionError(f"run process {pid} of {run.name} still running")
+        st = status(run)
+        assert st["state"] == "failed" and st["reason"].startswith("interrupted"), st

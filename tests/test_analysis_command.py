@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from study.analysis.command import main
 from study.attention import AttentionSpec
+from study.frozen.analysis.command import main
 from tests.conftest import tiny_gpt2_config
 
 WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
@@ -51,7 +51,7 @@ def test_analyze_saved_model_dir_writes_outputs(saved, tmp_path, capsys):
     assert res["choices"]["layers"] == [1] and res["choices"]["lengths"] == [16, 32]
     assert res["source"]["model_kind"] == "dir"
     assert {row.split(",")[2] for row in (out / "per_head.csv").read_text().splitlines()[1:]} == {"1"}
-    assert "| verdict |" in capsys.readouterr().out
+    assert "| claim (paper) | paper | measured |" in capsys.readouterr().out
     # A second run never overwrites the first: it gets a suffix.
     first = (out / "results.json").read_text()
     assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),
@@ -133,7 +133,7 @@ def test_bad_analysis_names_fail_before_the_model_loads(tmp_path, capsys):
 def test_verb_is_registered():
     from study.cli import VERBS
 
-    assert VERBS["analyze"] == "study.analysis.command"
+    assert VERBS["analyze"] == "study.frozen.analysis.command"
 
 
 def test_windows_are_independent_replicates_from_the_text(saved, tmp_path):

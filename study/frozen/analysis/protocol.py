@@ -189,7 +189,7 @@ def _model_summary(cap, layers: list[int], *, batch: int, max_len: int, context:
 
 
 def compare_with_paper(results: dict) -> list[dict]:
-    """The paper's quantitative claims beside our measurement, with the rule that decided the verdict."""
+    """The paper's quantitative claims beside our measurement (no verdict: `study report` judges them)."""
     return [claim for analysis in table.chosen(results) for claim in analysis.claims(results)]
 
 
@@ -197,7 +197,7 @@ def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, see
                              oracle_rows: int | None = None) -> dict:
     """Time Theorem 1 (d, both readings, bound, closed-form E) for one causal head: vectorised vs loop.
 
-    The loop oracle (study.analysis.reference) is the paper's per-row, per-token style. With `oracle_rows`
+    The loop oracle (study.frozen.analysis.reference) is the paper's per-row, per-token style. With `oracle_rows`
     the oracle runs on that many evenly spaced rows and its time is scaled to all L rows by their cost
     (proportional to the visible count); None runs it on every row. Results are checked to agree.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from torch.utils.tensorboard import SummaryWriter
 
@@ -47,6 +48,10 @@ def test_a_resumed_run_purges_the_steps_after_its_checkpoint(tmp_path):
     with SummaryWriter(run) as first:  # killed after logging steps 0..5
         for step in range(6):
             first.add_scalar("train/loss", 10.0 + step, step)
+    # Event files are read in name order: events.out.tfevents.<second>.<host>.<pid>.<writer count>. Two writers in
+    # one second of one process sort by their count as text, so the 10th writer of a test process sorted before
+    # the 9th and the purge ran backwards (a flake of the full suite): the resumed attempt starts a second later.
+    time.sleep(1.05)
     with SummaryWriter(run, purge_step=4) as second:  # resumed from the checkpoint at step 4
         for step in (4, 6):  # it logs other steps (say, a longer period): the first attempt's step 5 must go
             second.add_scalar("train/loss", 20.0 + step, step)

@@ -27,8 +27,8 @@ import numpy as np
 
 from study import tags
 from study.report import sources
-from study.report.atomic import write_atomically
 from study.report import summary as S
+from study.report.atomic import write_atomically
 from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean_interval, percent
 from study.report.summary import Summary
 from study.report.table import table

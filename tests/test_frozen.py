@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from study.frozen.load import FrozenInputError, check_seq_len, documents, read_text, text_windows
+from study.errors import ConfigError
+from study.frozen.load import check_seq_len, documents, read_text, text_windows
 
 
 def words(text: str, add_special_tokens: bool = False) -> dict:
@@ -30,7 +31,7 @@ def test_a_short_document_passes_its_share_on_and_too_little_text_is_named():
     docs = [("short", " ".join(map(str, range(20)))), ("long", " ".join(map(str, range(400))))]
     windows = text_windows(words, docs, count=6, seq_len=16)
     assert [name for name, _ in windows.sources].count("short") == 1
-    with pytest.raises(FrozenInputError, match="room for 26 windows of 16 tokens; 30 asked"):
+    with pytest.raises(ConfigError, match="room for 26 windows of 16 tokens; 30 asked"):
         text_windows(words, docs, count=30, seq_len=16)
 
 
@@ -43,14 +44,14 @@ def test_text_checks(tmp_path):
     folder.mkdir()
     (folder / "a.txt").write_text("one two")
     (folder / "b.txt").write_text("three")
-    with pytest.raises(FrozenInputError, match="is not text"):
+    with pytest.raises(ConfigError, match="is not text"):
         documents(str(binary))
-    with pytest.raises(FrozenInputError, match="empty text"):
+    with pytest.raises(ConfigError, match="empty text"):
         documents(str(empty))
-    with pytest.raises(FrozenInputError, match="text file not found"):
+    with pytest.raises(ConfigError, match="text file not found"):
         documents(str(tmp_path / "none.txt"))
     assert documents(str(folder)) == [("a.txt", "one two"), ("b.txt", "three")]
     assert read_text(str(folder), min_chars=3) == "one two"
-    with pytest.raises(FrozenInputError, match="--seq-len 100000 is longer than the context length of m \\(64 tokens\\)"):
+    with pytest.raises(ConfigError, match="--seq-len 100000 is longer than the context length of m \\(64 tokens\\)"):
         check_seq_len(100000, 64, "m")
     check_seq_len(64, 64, "m")

@@ -183,7 +183,7 @@ def run(args) -> Path:
     lengths, longest = resolve_lengths(args, config_context(args.model, kind))
     text = read_text(args.text, min_chars=longest * 12)
     if args.windows:
-        from .windows import read_texts
+        from study.frozen.windows import read_texts
 
         texts = read_texts(args.text, text)
 
@@ -212,7 +212,7 @@ def run(args) -> Path:
     input_ids = torch.tensor(ids[:longest], device=args.device)[None]
     origins = [{"text": 0, "start": 0}]
     if args.windows:
-        from .windows import sample_windows
+        from study.frozen.windows import sample_windows
 
         windows, origins = sample_windows([tok(t, add_special_tokens=False)["input_ids"] for t in texts],
                                           args.windows, longest, seed=args.seed)

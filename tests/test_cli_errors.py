@@ -10,7 +10,7 @@ import torch
 from study.cli import main
 from study.data import TextDataModule, text_problem
 from study.errors import ConfigError
-from study.frozen.load import read_text
+from study.frozen.text import read_text
 from tests.test_cli import fit_args
 
 

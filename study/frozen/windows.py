@@ -1,26 +1,31 @@
-"""Independent text windows for `study analyze --windows K`: the replicates of the frozen-model findings.
+"""Independent text windows, the replicates of every measurement on a frozen model (`study probe --windows`,
+`study analyze --windows`): the one sampler of both.
 
 Consecutive blocks of one passage share their context and are not independent replicates of a model's
-behaviour. The windows here are spread over every text given (for `--text shakespeare`, each held-out play on its
-own): each text gets windows in proportion to its length, each window lies inside its own equal stretch of that
-text, at a seeded random offset within the stretch, so no two windows overlap and none crosses from one text
-into another.
+behaviour. The windows here are spread over every document of the text (for `--text shakespeare`, each held-out
+play on its own): each document gets windows in proportion to its length, each window lies inside its own equal
+stretch of that document, at a seeded random offset within the stretch, so no two windows overlap and none
+crosses from one document into another.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from study.errors import ConfigError
 
 
 def allocate(sizes: Sequence[int], count: int, length: int) -> list[int]:
     """Windows per text: proportional to each text's size (largest remainder), never more than fit in it."""
     room = [n // length for n in sizes]
     if count < 1:
-        raise ValueError(f"the number of windows must be >= 1, got {count}")
+        raise ConfigError(f"the number of windows must be >= 1, got {count}")
     if sum(room) < count:
-        raise ValueError(f"{count} windows of L={length} tokens need {count * length} tokens; the text has room "
+        raise ConfigError(f"{count} windows of L={length} tokens need {count * length} tokens; the text has room "
                          f"for {sum(room)} whole windows ({sum(sizes)} tokens in {len(sizes)} text(s))")
     total = sum(sizes)
     share = [count * n / total for n in sizes]
@@ -40,7 +45,7 @@ def window_starts(size: int, count: int, length: int, rng: np.random.Generator) 
         return []
     stretch = size / count
     if stretch < length:
-        raise ValueError(f"{count} windows of L={length} do not fit in a text of {size} tokens")
+        raise ConfigError(f"{count} windows of L={length} do not fit in a text of {size} tokens")
     starts = []
     for j in range(count):
         lo = int(np.ceil(j * stretch))
@@ -52,10 +57,10 @@ def window_starts(size: int, count: int, length: int, rng: np.random.Generator) 
 def sample_windows(texts: Sequence[Sequence[int]], count: int, length: int, seed: int = 0) -> tuple[list[list[int]], list[dict]]:
     """(`count` token windows of `length` tokens, where each came from: {"text": index, "start": token offset}).
 
-    Raises ValueError naming the numbers when the texts cannot hold that many whole windows.
+    Raises ConfigError naming the numbers when the texts cannot hold that many whole windows.
     """
     if length < 1:
-        raise ValueError(f"L must be >= 1, got L={length}")
+        raise ConfigError(f"L must be >= 1, got L={length}")
     sizes = [len(t) for t in texts]
     rng = np.random.default_rng(seed)
     windows, origins = [], []
@@ -66,13 +71,35 @@ def sample_windows(texts: Sequence[Sequence[int]], count: int, length: int, seed
     return windows, origins
 
 
-def read_texts(spec: str, text: str) -> list[str]:
-    """The texts windows are drawn from: each held-out play on its own for 'shakespeare' (a window never spans
-    two plays), else the one text `study analyze` read (`text`)."""
-    if spec != "shakespeare":
-        return [text]
-    from pathlib import Path
+@dataclass
+class Windows:
+    """Token windows of one length: ``ids[i]`` comes from document ``names[origins[i]["text"]]`` at token
+    ``origins[i]["start"]``."""
 
-    from study.data import shakespeare_files
+    ids: torch.Tensor  # (count, length), int64
+    names: list[str]  # the documents' names, in the text's order
+    origins: list[dict]  # {"text": index into names, "start": token offset}, as sample_windows draws them
 
-    return [Path(f).read_text(errors="replace") for f in shakespeare_files()["validation"]]
+    @property
+    def sources(self) -> list[tuple[str, int]]:
+        """(document name, start) of each window."""
+        return [(self.names[o["text"]], o["start"]) for o in self.origins]
+
+    def taking_turns(self) -> Windows:
+        """The same windows, the documents taking turns (the first of each, then the second of each, ...), so that
+        the first few (the probe's fp64 subset) come from different documents."""
+        rank = {}
+        keys = []
+        for i, o in enumerate(self.origins):
+            rank[o["text"]] = rank.get(o["text"], -1) + 1
+            keys.append((rank[o["text"]], o["text"], i))
+        order = [i for _, _, i in sorted(keys)]
+        return Windows(self.ids[order], self.names, [self.origins[i] for i in order])
+
+
+def text_windows(tokenizer, docs: Sequence[tuple[str, str]], count: int, seq_len: int, seed: int = 0) -> Windows:
+    """``count`` windows of ``seq_len`` tokens from the documents ``docs`` ((name, text), `study.frozen.text`),
+    each tokenised on its own, drawn by `sample_windows` with ``seed``."""
+    tokens = [tokenizer(text, add_special_tokens=False)["input_ids"] for _, text in docs]
+    windows, origins = sample_windows(tokens, count, seq_len, seed=seed)
+    return Windows(torch.tensor(windows, dtype=torch.long), [name for name, _ in docs], origins)

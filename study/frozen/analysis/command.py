@@ -171,7 +171,8 @@ def run(args) -> Path:
     from .protocol import analyze
 
     check_numbers(args)
-    from study.frozen.load import config_context, is_tokenizer_dir, model_kind, read_text
+    from study.frozen.load import config_context, is_tokenizer_dir, model_kind
+    from study.frozen.text import documents, read_text
     from study.pretrained import EMBEDDED_MODELS, resolve_model
 
     named = args.model
@@ -182,10 +183,7 @@ def run(args) -> Path:
         raise ConfigError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
     lengths, longest = resolve_lengths(args, config_context(args.model, kind))
     text = read_text(args.text, min_chars=longest * 12)
-    if args.windows:
-        from study.frozen.windows import read_texts
-
-        texts = read_texts(args.text, text)
+    docs = documents(args.text) if args.windows else None  # each window inside one document
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -212,11 +210,10 @@ def run(args) -> Path:
     input_ids = torch.tensor(ids[:longest], device=args.device)[None]
     origins = [{"text": 0, "start": 0}]
     if args.windows:
-        from study.frozen.windows import sample_windows
+        from study.frozen.windows import text_windows
 
-        windows, origins = sample_windows([tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-                                          args.windows, longest, seed=args.seed)
-        input_ids = torch.tensor(windows, device=args.device)
+        windows = text_windows(tok, docs, args.windows, longest, seed=args.seed)
+        input_ids, origins = windows.ids.to(args.device), windows.origins
 
     out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(named, kind if named == args.model else "hub")
     out = fresh_dir(out)

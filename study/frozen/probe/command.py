@@ -5,8 +5,9 @@
                 [--single-layers 0 15 29] [--fp64-windows 2 --fp64-temperatures 0.001 0.01]
                 [--hessian-iterations 10 --hessian-temperatures ...] [--quiet] --out logs/probe
 
-No training. The replicates are independent text windows (`study.frozen.load.text_windows`: windows of --seq-len
-tokens spread across the held-out plays or documents, batch size 1), the same windows at every T. For each T:
+No training. The replicates are independent text windows (`study.frozen.windows`: windows of --seq-len tokens
+spread across the held-out plays or documents in proportion to their length, batch size 1), the same windows at
+every T. For each T:
 
 * T in every layer: the loss; the gradient norms of W_q and W_k (the parameters of the attention logits; GPT-2's
   fused c_attn split into its q/k/v blocks) per layer, beside the controls W_v, W_o, the MLP, the embeddings and
@@ -101,7 +102,8 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     """Everything that can be checked without the weights; returns the text's documents."""
-    from study.frozen.load import check_seq_len, config_context, documents, model_kind
+    from study.frozen.load import check_seq_len, config_context, model_kind
+    from study.frozen.text import documents
 
     check_numbers(args)
     kind = model_kind(args.model)
@@ -131,14 +133,16 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
               show_progress: bool = False) -> dict:  # fmt: skip
     """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
     ``show_progress``, one report per step with the time left (`study.progress`)."""
-    from study.frozen.load import check_seq_len, context_of, text_windows
+    from study.frozen.load import check_seq_len, context_of
     from study.frozen.probe import measure
+    from study.frozen.windows import text_windows
     from study.progress import progress
 
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     check_seq_len(args.seq_len, context_of(model), args.model)  # a checkpoint's context is known only now
-    windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed)
+    # the documents take turns, so that the fp64 reference's first windows come from different documents
+    windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed).taking_turns()
     layers = chosen_layers(args, measure.num_layers(model))
     grid = sorted(set(args.temperatures))
     hessian_at = set(grid if args.hessian_temperatures is None else args.hessian_temperatures)

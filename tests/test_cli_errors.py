@@ -9,7 +9,8 @@ import torch
 
 from study.cli import main
 from study.data import TextDataModule, text_problem
-from study.frozen.analysis.command import AnalyzeError, read_text
+from study.errors import ConfigError
+from study.frozen.text import read_text
 from tests.test_cli import fit_args
 
 
@@ -95,7 +96,7 @@ def test_empty_and_binary_data_files_are_refused_by_name(text_files, tmp_path):
 def test_study_analyze_refuses_a_binary_text(tmp_path):
     binary = tmp_path / "weights.bin"
     binary.write_bytes(bytes(range(256)) * 4)
-    with pytest.raises(AnalyzeError, match="is not text"):
+    with pytest.raises(ConfigError, match="is not text"):
         read_text(str(binary), 100)
 
 

@@ -55,7 +55,8 @@ def args_for(model, text, out, *extra):
 
 
 def windows_of(tok, text_file, count=3, seq_len=16):
-    from study.frozen.load import documents, text_windows
+    from study.frozen.text import documents
+    from study.frozen.windows import text_windows
 
     return text_windows(tok, documents(str(text_file)), count, seq_len).ids
 
@@ -288,7 +289,7 @@ def test_a_layer_the_model_does_not_have_and_too_little_text_are_named(tmp_path,
     assert "--single-layers [7]: the model has layers 0..1" in capsys.readouterr().err
     assert probe.main(args_for(folder, text_file, tmp_path / "o", "--windows", "500", "--seq-len", "60")) == 2
     err = capsys.readouterr().err
-    assert "room for" in err and "windows of 60 tokens; 500 asked" in err
+    assert "500 windows of L=60 tokens need 30000 tokens; the text has room for" in err
 
 
 def test_help_documents_the_verb(capsys):

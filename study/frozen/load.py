@@ -1,32 +1,25 @@
-"""Frozen-model input: the one way `study probe` and `study analyze` get a model, its tokenizer and its text.
+"""The frozen model: the one way `study probe` and `study analyze` get a model and its tokenizer.
 
 A model is named as an embedded short name (``smollm2-135m``, `study.pretrained`), a ``.gguf`` file, a local Hugging
-Face folder (with ``config.json``), a `study fit` checkpoint (``.ckpt``, a `CausalLMModule`) or a hub name. Text is
-``shakespeare`` (the embedded corpus's held-out plays, one document each), a text file (one document) or a folder
-of ``*.txt`` files (one document each). Every check that needs no weights runs first and fails with a
-`FrozenInputError` naming the bad value: a missing model or file, a binary or empty text, a text too short for
-what is asked of it, a sequence longer than the model's context.
-
-`text_windows` draws independent replicates for measurements on a frozen model: windows of ``seq_len`` tokens
-spread across the documents (different plays, far-apart places in each), not consecutive blocks of one passage.
+Face folder (with ``config.json``), a `study fit` checkpoint (``.ckpt``, a `CausalLMModule`) or a hub name. Every
+check that needs no weights runs first and fails with a `study.errors.ConfigError` naming the bad value: a missing
+model, a tokenizer that is none, a sequence longer than the model's context. The text is read by `study.frozen.text`
+and cut into windows by `study.frozen.windows`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from study.errors import ConfigError
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx")  # where configs keep the context length
-SHAKESPEARE = "shakespeare"
-
-
-class FrozenInputError(ValueError):
-    """A model, tokenizer or text the frozen-model commands cannot use; raised before any heavy work."""
 
 
 # ---- the model --------------------------------------------------------------------------------------------------
@@ -46,21 +39,21 @@ def model_kind(name: str) -> str:
     path = Path(name).expanduser()
     if name.endswith((".gguf", ".ckpt")):
         if not path.is_file():
-            raise FrozenInputError(f"--model {name!r}: no such {'checkpoint' if name.endswith('.ckpt') else 'gguf file'}")
+            raise ConfigError(f"--model {name!r}: no such {'checkpoint' if name.endswith('.ckpt') else 'gguf file'}")
         return name.rsplit(".", 1)[1]
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FrozenInputError(f"--model {name!r} is not a Hugging Face model folder (no config.json)")
+            raise ConfigError(f"--model {name!r} is not a Hugging Face model folder (no config.json)")
         return "dir"
     if path.exists():
-        raise FrozenInputError(f"--model {name!r} is a file but neither a .ckpt checkpoint nor a .gguf file")
+        raise ConfigError(f"--model {name!r} is a file but neither a .ckpt checkpoint nor a .gguf file")
     if not name or name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/", ".bin", ".safetensors")):
-        raise FrozenInputError(f"--model {name!r}: no such folder (neither a local path nor a hub name)")
+        raise ConfigError(f"--model {name!r}: no such folder (neither a local path nor a hub name)")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-            raise FrozenInputError(f"--model {name!r} is not a local folder and not in the hub cache (HF_HUB_OFFLINE=1)")
+            raise ConfigError(f"--model {name!r} is not a local folder and not in the hub cache (HF_HUB_OFFLINE=1)")
     return "hub"
 
 
@@ -91,7 +84,7 @@ def context_of(config_or_model: Any) -> int | None:
 
 def check_seq_len(seq_len: int, context: int | None, model: str, flag: str = "--seq-len") -> None:
     if context is not None and seq_len > context:
-        raise FrozenInputError(f"{flag} {seq_len} is longer than the context length of {model} ({context} tokens)")
+        raise ConfigError(f"{flag} {seq_len} is longer than the context length of {model} ({context} tokens)")
 
 
 def load_tokenizer(spec: str):
@@ -105,7 +98,7 @@ def load_tokenizer(spec: str):
 
         return gpt2_tokenizer()
     if not is_tokenizer_dir(spec):
-        raise FrozenInputError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+        raise ConfigError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
     with quiet_loading():
         return AutoTokenizer.from_pretrained(spec)
 
@@ -168,9 +161,9 @@ def load_frozen(name: str, tokenizer: str | None = None, dtype: torch.dtype | No
 
     kind = model_kind(name)
     if tokenizer is not None and tokenizer != "gpt2" and not is_tokenizer_dir(tokenizer):
-        raise FrozenInputError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+        raise ConfigError(f"tokenizer {tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise FrozenInputError(f"--device {device}: CUDA is not available")
+        raise ConfigError(f"--device {device}: CUDA is not available")
     kwargs = {} if dtype is None else {"dtype": dtype}
     if kind == "ckpt":
         from study.attention import AttentionSpec
@@ -181,16 +174,16 @@ def load_frozen(name: str, tokenizer: str | None = None, dtype: torch.dtype | No
             with torch.serialization.safe_globals([AttentionSpec]):
                 module = CausalLMModule.load_from_checkpoint(name, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - report any load failure with the path
-            raise FrozenInputError(f"cannot load checkpoint {name} as a CausalLMModule: {err}") from err
+            raise ConfigError(f"cannot load checkpoint {name} as a CausalLMModule: {err}") from err
         model = module.model if dtype is None else module.model.to(dtype)  # keeps the checkpoint's AttentionSpec
         tok = load_tokenizer(tokenizer) if tokenizer else checkpoint_tokenizer(Path(name), dict(module.hparams))
         if tok is None:
-            raise FrozenInputError(f"no tokenizer found for checkpoint {name}: none saved beside it, no config.yaml "
+            raise ConfigError(f"no tokenizer found for checkpoint {name}: none saved beside it, no config.yaml "
                                    "naming one; pass --tokenizer gpt2 or --tokenizer DIR")  # fmt: skip
     else:
         folder = resolve_model(name)  # an embedded name or a gguf becomes its cached folder
         if tokenizer is None and kind == "dir" and not is_tokenizer_dir(folder):
-            raise FrozenInputError(f"model directory {name} holds no tokenizer; pass --tokenizer gpt2 or DIR")
+            raise ConfigError(f"model directory {name} holds no tokenizer; pass --tokenizer gpt2 or DIR")
         model = load_causal_lm(folder, **kwargs)
         if tokenizer is None and kind == "hub" and name == "gpt2":
             tokenizer = "gpt2"  # offline too
@@ -206,100 +199,8 @@ def load_frozen(name: str, tokenizer: str | None = None, dtype: torch.dtype | No
         else:
             tok = load_tokenizer(folder)
     if len(tok) <= 1:
-        raise FrozenInputError(f"the tokenizer for {name} is empty (offline hub?); pass --tokenizer")
+        raise ConfigError(f"the tokenizer for {name} is empty (offline hub?); pass --tokenizer")
     embed = model.get_input_embeddings().num_embeddings
     if len(tok) > embed:
-        raise FrozenInputError(f"the tokenizer has {len(tok)} tokens but the model embeds only {embed}")
+        raise ConfigError(f"the tokenizer has {len(tok)} tokens but the model embeds only {embed}")
     return FrozenModel(model.to(device).eval(), tok, name, kind, context_of(model))
-
-
-# ---- the text ---------------------------------------------------------------------------------------------------
-def _checked(path: Path) -> str:
-    from study.corpus import text_problem
-
-    problem = text_problem(path)
-    if problem is not None and "empty" not in problem:  # binary or not UTF-8: refuse it
-        raise FrozenInputError(problem)
-    return path.read_text(errors="replace")
-
-
-def documents(spec: str) -> list[tuple[str, str]]:
-    """(name, text) of every document of ``spec``: the held-out plays of the embedded corpus ('shakespeare'), a text
-    file, or a folder of ``*.txt`` files. Binary files and empty text are refused, naming them."""
-    if spec == SHAKESPEARE:
-        from study.corpus import shakespeare_files
-
-        try:
-            files = shakespeare_files()["validation"]  # held-out plays: text the embedded model never trained on
-        except FileNotFoundError as err:
-            raise FrozenInputError(str(err)) from err
-        docs = [(Path(f).name.removesuffix("_gut.txt"), Path(f).read_text(errors="replace")) for f in files]
-    else:
-        path = Path(spec).expanduser()
-        if path.is_dir():
-            files = sorted(path.glob("*.txt"))
-            if not files:
-                raise FrozenInputError(f"text folder {spec} holds no *.txt files")
-            docs = [(f.name, _checked(f)) for f in files]
-        elif path.is_file():
-            docs = [(path.name, _checked(path))]
-        else:
-            raise FrozenInputError(f"text file not found: {spec} (a file, a folder of .txt files, or 'shakespeare')")
-    docs = [(name, text) for name, text in docs if text.strip()]
-    if not docs:
-        raise FrozenInputError(f"empty text: {spec} has no characters to tokenise")
-    return docs
-
-
-def read_text(spec: str, min_chars: int | None = None) -> str:
-    """The documents of ``spec`` joined by newlines; with ``min_chars``, only as many documents as reach it."""
-    parts, size = [], 0
-    for _, text in documents(spec):
-        parts.append(text)
-        size += len(text)
-        if min_chars is not None and size >= min_chars:
-            break
-    return "\n".join(parts)
-
-
-@dataclass
-class Windows:
-    """Token windows of one length: ``ids[i]`` comes from document ``sources[i][0]`` at token ``sources[i][1]``."""
-
-    ids: torch.Tensor  # (count, seq_len), int64
-    sources: list[tuple[str, int]] = field(default_factory=list)
-
-
-def text_windows(tokenizer, docs: list[tuple[str, str]], count: int, seq_len: int, seed: int = 0) -> Windows:
-    """``count`` windows of ``seq_len`` tokens spread across the documents, as independent as the text allows.
-
-    Windows go to the documents in turn (round robin, so 20 windows over 4 plays are 5 per play); a document's
-    share is placed in equal strata of its tokens, one window at a random offset inside each stratum (``seed``),
-    so windows never overlap and lie far apart. A document too short for its share passes the rest on; too few
-    tokens in all is an error naming how many there are.
-    """
-    if count < 1 or seq_len < 2:
-        raise FrozenInputError(f"need at least 1 window of at least 2 tokens, got {count} x {seq_len}")
-    generator = torch.Generator().manual_seed(seed)
-    tokens = {name: tokenizer(text, add_special_tokens=False)["input_ids"] for name, text in docs}
-    capacity = {name: len(ids) // seq_len for name, ids in tokens.items()}
-    if sum(capacity.values()) < count:
-        have = sum(len(ids) for ids in tokens.values())
-        raise FrozenInputError(f"the text has {have} tokens in {len(docs)} document(s), room for "
-                               f"{sum(capacity.values())} windows of {seq_len} tokens; {count} asked")  # fmt: skip
-    share = dict.fromkeys(tokens, 0)
-    while sum(share.values()) < count:
-        for name in tokens:
-            if share[name] < capacity[name] and sum(share.values()) < count:
-                share[name] += 1
-    per_doc: list[list[tuple[list[int], tuple[str, int]]]] = []
-    for name, n in share.items():
-        doc, picked = tokens[name], []
-        stratum = len(doc) // n if n else 0
-        for i in range(n):
-            start = i * stratum + int(torch.randint(stratum - seq_len + 1, (), generator=generator))
-            picked.append((doc[start : start + seq_len], (name, start)))
-        per_doc.append(picked)
-    # interleave the documents: the first few windows (an fp64 check on a subset) come from different texts
-    ordered = [doc[i] for i in range(max(map(len, per_doc))) for doc in per_doc if i < len(doc)]
-    return Windows(torch.tensor([ids for ids, _ in ordered], dtype=torch.long), [src for _, src in ordered])

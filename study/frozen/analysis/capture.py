@@ -25,12 +25,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from study.attention import AttentionInputs, normalizer_class, tapping
+from study.attention import AttentionInputs, causal_allowed, normalizer_class, tapping
 from study.attention.hf import implementation_for
 from study.attention.normalizers import masked_softmax, top_k_allowed
 from study.attention.spec import STOCK, AttentionSpec
-
-from .rows import causal_visible
 
 WEIGHTS_IN_ONE_PIECE = 2**26  # scores (B * H * L * L) up to which a layer's weights are normalised in one piece
 WEIGHTS_BLOCK = 2**22  # scores per block of query rows above that
@@ -183,7 +181,7 @@ class AttentionCapture:
         the query rows first_row, first_row + 1, ... (all L rows by default)."""
         spec = self.spec(layer)
         n = scores.shape[-1]
-        allowed = causal_visible(n, scores.device)[first_row:first_row + scores.shape[-2]]
+        allowed = causal_allowed(n, n, scores.device)[first_row:first_row + scores.shape[-2]]
         if spec.is_stock_softmax:
             return masked_softmax(scores, allowed)
         norm = self.normalizer(layer)

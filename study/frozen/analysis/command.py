@@ -17,9 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-
-class AnalyzeError(ValueError):
-    """A bad input, reported as `error: ...` with exit status 2."""
+from study.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,59 +70,37 @@ def check_numbers(args) -> None:
     if args.lengths is not None:
         for n in args.lengths:
             if n < 1:
-                raise AnalyzeError(f"L must be >= 1, got L={n}")
+                raise ConfigError(f"L must be >= 1, got L={n}")
     if args.max_length is not None and args.max_length < 1:
-        raise AnalyzeError(f"--max-length must be >= 1, got L={args.max_length}")
+        raise ConfigError(f"--max-length must be >= 1, got L={args.max_length}")
     for n in (args.ns or []) + (args.critical_ns or []) + [args.n_fixed]:
         if n < 1:
-            raise AnalyzeError(f"N must be >= 1, got N={n}")
+            raise ConfigError(f"N must be >= 1, got N={n}")
     if args.temperatures:
         from .rows import check_temperatures
 
         check_temperatures(args.temperatures)  # the analyses' own check, before the model loads
     if args.threads is not None and args.threads < 1:
-        raise AnalyzeError(f"--threads must be >= 1, got {args.threads}")
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.windows is not None and args.windows < 1:
-        raise AnalyzeError(f"--windows must be >= 1, got {args.windows}")
+        raise ConfigError(f"--windows must be >= 1, got {args.windows}")
     for e in args.epsilons or []:
         if not e > 0:
-            raise AnalyzeError(f"epsilon must be > 0, got eps={e}")
+            raise ConfigError(f"epsilon must be > 0, got eps={e}")
     if args.mc_samples < 0:
-        raise AnalyzeError(f"--mc-samples must be >= 0, got {args.mc_samples}")
+        raise ConfigError(f"--mc-samples must be >= 0, got {args.mc_samples}")
     for i in args.layers or []:
         if i < 0:
-            raise AnalyzeError(f"layer indices must be >= 0, got layer {i}")
+            raise ConfigError(f"layer indices must be >= 0, got layer {i}")
     if args.analyses is not None:
         from .table import check_names
 
         try:
             check_names(args.analyses)
         except ValueError as err:
-            raise AnalyzeError(f"--analyses: {err}") from err
+            raise ConfigError(f"--analyses: {err}") from err
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        raise AnalyzeError(f"--device must be cpu or cuda, got {args.device!r}")
-
-
-def model_kind(name: str) -> str:
-    """'ckpt', 'dir' or 'hub' (`study.frozen.load.model_kind`: the same rules as every frozen-model command)."""
-    from study.frozen.load import FrozenInputError
-    from study.frozen.load import model_kind as frozen_model_kind
-
-    try:
-        return frozen_model_kind(name)
-    except FrozenInputError as err:
-        raise AnalyzeError(str(err)) from err
-
-
-def read_text(spec: str, min_chars: int) -> str:
-    """The text (`study.frozen.load.read_text`: the same checks as every frozen-model command)."""
-    from study.frozen.load import FrozenInputError
-    from study.frozen.load import read_text as read_frozen_text
-
-    try:
-        return read_frozen_text(spec, min_chars=min_chars)
-    except FrozenInputError as err:
-        raise AnalyzeError(str(err)) from err
+        raise ConfigError(f"--device must be cpu or cuda, got {args.device!r}")
 
 
 def model_name(name: str, kind: str) -> str:
@@ -156,12 +132,9 @@ def fresh_dir(path: Path) -> Path:
 
 def load_model_and_tokenizer(args, kind: str):
     """(model, tokenizer), by `study.frozen.load.load_frozen`: the model in eval mode on args.device."""
-    from study.frozen.load import FrozenInputError, load_frozen
+    from study.frozen.load import load_frozen
 
-    try:
-        frozen = load_frozen(args.model, tokenizer=args.tokenizer, device=args.device)
-    except FrozenInputError as err:
-        raise AnalyzeError(str(err)) from err
+    frozen = load_frozen(args.model, tokenizer=args.tokenizer, device=args.device)
     return frozen.model, frozen.tokenizer
 
 
@@ -170,20 +143,20 @@ def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
     if args.lengths:
         longest = max(args.lengths)
         if args.max_length is not None and args.max_length < longest:
-            raise AnalyzeError(f"L={longest} exceeds --max-length {args.max_length}")
+            raise ConfigError(f"L={longest} exceeds --max-length {args.max_length}")
     else:
         longest = args.max_length or min(context or 1024, 1024)
     if context is not None:
         for n in sorted(set((args.lengths or []) + [longest])):
             if n > context:
-                raise AnalyzeError(f"L={n} exceeds the model's context of {context} positions")
+                raise ConfigError(f"L={n} exceeds the model's context of {context} positions")
     if args.n_fixed > longest:
-        raise AnalyzeError(f"N={args.n_fixed} exceeds L={longest}")
+        raise ConfigError(f"N={args.n_fixed} exceeds L={longest}")
     if args.lengths and args.n_fixed > min(args.lengths):
-        raise AnalyzeError(f"N={args.n_fixed} exceeds L={min(args.lengths)}")
+        raise ConfigError(f"N={args.n_fixed} exceeds L={min(args.lengths)}")
     for n in (args.ns or []) + (args.critical_ns or []):  # explicit N only: the default grids are filtered to N <= L
         if n > longest:
-            raise AnalyzeError(f"N={n} exceeds L={longest}")
+            raise ConfigError(f"N={n} exceeds L={longest}")
     return (sorted(set(args.lengths)) if args.lengths else None), longest
 
 
@@ -198,8 +171,8 @@ def run(args) -> Path:
     from .protocol import analyze
 
     check_numbers(args)
-    from study.frozen.load import config_context as frozen_context
-    from study.frozen.load import is_tokenizer_dir
+    from study.frozen.load import config_context, is_tokenizer_dir, model_kind
+    from study.frozen.text import documents, read_text
     from study.pretrained import EMBEDDED_MODELS, resolve_model
 
     named = args.model
@@ -207,13 +180,10 @@ def run(args) -> Path:
         args.model = resolve_model(named)  # materialised once into a cached local folder (offline)
     kind = model_kind(args.model)
     if args.tokenizer and args.tokenizer != "gpt2" and not is_tokenizer_dir(args.tokenizer):
-        raise AnalyzeError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
-    lengths, longest = resolve_lengths(args, frozen_context(args.model, kind))
+        raise ConfigError(f"tokenizer {args.tokenizer!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+    lengths, longest = resolve_lengths(args, config_context(args.model, kind))
     text = read_text(args.text, min_chars=longest * 12)
-    if args.windows:
-        from .windows import read_texts
-
-        texts = read_texts(args.text, text)
+    docs = documents(args.text) if args.windows else None  # each window inside one document
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -226,25 +196,24 @@ def run(args) -> Path:
         n_layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
         bad = [i for i in args.layers if n_layers is not None and i >= n_layers]
         if bad:
-            raise AnalyzeError(f"layer {bad[0]} not in the model, which has layers 0..{n_layers - 1}")
+            raise ConfigError(f"layer {bad[0]} not in the model, which has layers 0..{n_layers - 1}")
     ids = tok(text, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise AnalyzeError(f"empty text: {args.text} gives no tokens")
+        raise ConfigError(f"empty text: {args.text} gives no tokens")
     if len(ids) < longest:
         if args.lengths or args.max_length:
-            raise AnalyzeError(f"L={longest} needs {longest} tokens but {args.text} has only {len(ids)}")
+            raise ConfigError(f"L={longest} needs {longest} tokens but {args.text} has only {len(ids)}")
         longest = len(ids)
         print(f"note: the text has {len(ids)} tokens; analysing up to L={longest}", file=sys.stderr)
         if args.n_fixed > longest or any(n > longest for n in args.ns or []):
-            raise AnalyzeError(f"N={max([args.n_fixed, *(args.ns or [])])} exceeds L={longest} (the text's token count)")
+            raise ConfigError(f"N={max([args.n_fixed, *(args.ns or [])])} exceeds L={longest} (the text's token count)")
     input_ids = torch.tensor(ids[:longest], device=args.device)[None]
     origins = [{"text": 0, "start": 0}]
     if args.windows:
-        from .windows import sample_windows
+        from study.frozen.windows import text_windows
 
-        windows, origins = sample_windows([tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-                                          args.windows, longest, seed=args.seed)
-        input_ids = torch.tensor(windows, device=args.device)
+        windows = text_windows(tok, docs, args.windows, longest, seed=args.seed)
+        input_ids, origins = windows.ids.to(args.device), windows.origins
 
     out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(named, kind if named == args.model else "hub")
     out = fresh_dir(out)
@@ -275,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     try:
         run(args)
-    except (AnalyzeError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"study analyze: error: {err}", file=sys.stderr)
         return 2
     finally:

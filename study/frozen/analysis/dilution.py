@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from study import tags
+from study.attention import causal_allowed
 from study.metrics import as_distribution, row_entropy
 
 from . import plots
@@ -26,7 +27,7 @@ from .registration import (
     plain,
     stack_layers,
 )
-from .rows import causal_visible, flatten_rows
+from .rows import flatten_rows
 
 
 @torch.no_grad()
@@ -42,7 +43,7 @@ def dilution_stats(weights: torch.Tensor, rows: Sequence[int] | None = None) -> 
     lead, w, _ = flatten_rows(weights)
     L = w.shape[-1]
     pos = torch.arange(L, device=w.device)
-    visible = causal_visible(L, w.device)
+    visible = causal_allowed(L, L, w.device)
     if rows is not None:
         bad = [r for r in rows if not 0 <= int(r) < L]
         if bad:

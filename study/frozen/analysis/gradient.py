@@ -11,12 +11,13 @@ import numpy as np
 import torch
 
 from study import tags
+from study.attention import causal_allowed
 from study.attention.normalizers import masked_softmax
 from study.metrics import SATURATED, softmax_jacobian_norm
 
 from . import plots
 from .registration import Analysis, LayerInput, Settings, plain
-from .rows import ROW_BLOCKS, causal_visible, check_temperatures, flatten_rows
+from .rows import ROW_BLOCKS, check_temperatures, flatten_rows
 
 # Bisection steps of the exact Jacobian norm. The monitors' 60 reach float64 resolution unless the row is near
 # one-hot; the probe's lowest temperatures give such rows, whose norm (~ 1 - a_max) is tiny, and 80 halvings keep
@@ -50,7 +51,7 @@ def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
     else:
         heads = 1
     gen = torch.Generator(device=w.device).manual_seed(seed)
-    visible = causal_visible(L, w.device)
+    visible = causal_allowed(L, L, w.device)
     g = torch.empty(P, L, len(temperatures), len(epsilons), dtype=dtype, device=w.device)
     # Heads are processed together (one batch item's worth when a normaliser needs the head axis), in chunks
     # that keep each float64 (L, L) stack near 64 MB.
@@ -102,7 +103,7 @@ def _layer(settings: Settings, layer: LayerInput) -> dict:
     cap, index = layer.capture, layer.index
     normalize = None if cap.is_softmax(index) else (lambda z: cap.normalize(index, z))
     probe = gradient_sensitivity(logits, g.temperatures, g.epsilons, seed=settings.seed + index, normalize=normalize)
-    causal = causal_visible(g.max_len, logits.device)[g.spectral_rows]  # (rows, L)
+    causal = causal_allowed(g.max_len, g.max_len, logits.device)[g.spectral_rows]  # (rows, L)
     rows = logits[:, :, g.spectral_rows].double()  # (B, H, rows, L)
     norms = torch.stack([softmax_jacobian_norm(masked_softmax(rows / T, causal), T, iterations=JACOBIAN_ITERATIONS)
                          for T in g.temperatures], -1)  # (B, H, rows, nT)
@@ -118,7 +119,7 @@ def saturated_rows(logits: torch.Tensor, temperatures: Sequence[float]) -> torch
     `study.metrics.SATURATED`: such rows have a Jacobian near 0 whatever T, which flattens a 1/T law.
     logits (B, H, L, L) -> (B, H, nT)."""
     L = logits.shape[-1]
-    masked = logits.double().masked_fill(~causal_visible(L, logits.device), -math.inf)
+    masked = logits.double().masked_fill(~causal_allowed(L, L, logits.device), -math.inf)
     gap = masked - masked.amax(-1, keepdim=True)  # <= 0; the row's largest weight is 1 / sum exp(gap / T)
     return torch.stack([(torch.exp(gap / T).sum(-1) < 1 / SATURATED).double().mean(-1) for T in temperatures], -1)
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from study.attention import causal_allowed
 from study.attention.normalizers import masked_softmax
 from study.progress import progress
 
@@ -32,7 +33,6 @@ from .distance import distance_stats
 from .grids import PAPER_EPSILONS, PAPER_NS, Grids, check_grids
 from .reference import distance_row
 from .registration import LayerInput, Settings, merge_windows
-from .rows import causal_visible
 
 __all__ = ["PAPER_EPSILONS", "PAPER_NS", "analyze", "benchmark_against_oracle", "compare_with_paper"]
 
@@ -205,7 +205,7 @@ def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, see
         raise ValueError(f"N={n_top} exceeds L={L}")
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(L, L, generator=gen, dtype=torch.float64) * 2
-    w = masked_softmax(logits, causal_visible(L))
+    w = masked_softmax(logits, causal_allowed(L, L, logits.device))
     x = torch.randn(L, dim, generator=gen, dtype=torch.float64)
     w32, x32 = w.float(), x.float()
     distance_stats(w32[:8, :8], x32[:8], [1])  # warm-up

@@ -85,11 +85,6 @@ def rows_and_grid(weights: torch.Tensor, x: torch.Tensor | None, ns: Sequence[in
     return lead, w, xs, ns, torch.tensor(ns, device=w.device)
 
 
-def causal_visible(length: int, device=None) -> torch.Tensor:
-    """(L, L) bool: row t sees keys 0..t."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
-
-
 def row_chunk(length: int, width: int, budget: int) -> int:
     """Rows per chunk: within `budget` elements per (rows, width, L) temporary, and at most L / ROW_BLOCKS (at
     least 64) so that truncating each chunk's columns at its last row skips most of the masked upper triangle."""

@@ -5,8 +5,9 @@
                 [--single-layers 0 15 29] [--fp64-windows 2 --fp64-temperatures 0.001 0.01]
                 [--hessian-iterations 10 --hessian-temperatures ...] [--quiet] --out logs/probe
 
-No training. The replicates are independent text windows (`study.frozen.load.text_windows`: windows of --seq-len
-tokens spread across the held-out plays or documents, batch size 1), the same windows at every T. For each T:
+No training. The replicates are independent text windows (`study.frozen.windows`: windows of --seq-len tokens
+spread across the held-out plays or documents in proportion to their length, batch size 1), the same windows at
+every T. For each T:
 
 * T in every layer: the loss; the gradient norms of W_q and W_k (the parameters of the attention logits; GPT-2's
   fused c_attn split into its q/k/v blocks) per layer, beside the controls W_v, W_o, the MLP, the embeddings and
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from study.frozen.probe.gradients import ProbeError
+from study.errors import ConfigError
 
 DEFAULT_TEMPERATURES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 FP64_BELOW = 0.01  # the fp64 reference's default temperatures: the grid's T at or below this
@@ -79,37 +80,35 @@ def build_parser() -> argparse.ArgumentParser:
 def check_numbers(args: argparse.Namespace) -> None:
     bad_t = [t for t in args.temperatures if not (math.isfinite(t) and t > 0)]
     if bad_t:
-        raise ProbeError(f"--temperatures must all be > 0, got {bad_t}")
+        raise ConfigError(f"--temperatures must all be > 0, got {bad_t}")
     for flag, value, low in (("--windows", args.windows, 1), ("--seq-len", args.seq_len, 2),
                              ("--jacobian-rows", args.jacobian_rows, 1), ("--hessian-iterations", args.hessian_iterations, 0),
                              ("--fp64-windows", args.fp64_windows, 0), ("--threads", 1 if args.threads is None else args.threads, 1)):  # fmt: skip
         if value < low:
-            raise ProbeError(f"{flag} must be >= {low}, got {value}")
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
     if args.batch_size != 1:
-        raise ProbeError(f"--batch-size must be 1 (each window is one replicate), got {args.batch_size}")
+        raise ConfigError(f"--batch-size must be 1 (each window is one replicate), got {args.batch_size}")
     if args.fp64_windows > args.windows:
-        raise ProbeError(f"--fp64-windows {args.fp64_windows} exceeds --windows {args.windows}")
+        raise ConfigError(f"--fp64-windows {args.fp64_windows} exceeds --windows {args.windows}")
     grid = set(args.temperatures)
     for flag, values in (("--hessian-temperatures", args.hessian_temperatures), ("--fp64-temperatures", args.fp64_temperatures)):
         outside = sorted(set(values or []) - grid)
         if outside:
-            raise ProbeError(f"{flag} {outside} not in --temperatures {sorted(grid)}")
+            raise ConfigError(f"{flag} {outside} not in --temperatures {sorted(grid)}")
     bad_layers = [i for i in args.single_layers or [] if i < 0]
     if bad_layers:
-        raise ProbeError(f"--single-layers must be >= 0, got {bad_layers}")
+        raise ConfigError(f"--single-layers must be >= 0, got {bad_layers}")
 
 
 def check_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     """Everything that can be checked without the weights; returns the text's documents."""
-    from study.frozen.load import FrozenInputError, check_seq_len, config_context, documents, model_kind
+    from study.frozen.load import check_seq_len, config_context, model_kind
+    from study.frozen.text import documents
 
     check_numbers(args)
-    try:
-        kind = model_kind(args.model)
-        docs = documents(args.text)
-        check_seq_len(args.seq_len, config_context(args.model, kind), args.model)
-    except FrozenInputError as err:
-        raise ProbeError(str(err)) from err
+    kind = model_kind(args.model)
+    docs = documents(args.text)
+    check_seq_len(args.seq_len, config_context(args.model, kind), args.model)
     return docs
 
 
@@ -118,18 +117,15 @@ def chosen_layers(args: argparse.Namespace, layers: int) -> list[int]:
         return sorted({0, layers // 2, layers - 1})
     missing = [i for i in args.single_layers if i >= layers]
     if missing:
-        raise ProbeError(f"--single-layers {missing}: the model has layers 0..{layers - 1}")
+        raise ConfigError(f"--single-layers {missing}: the model has layers 0..{layers - 1}")
     return sorted(set(args.single_layers))
 
 
 def load_model(name: str):
     """The model (fp32, eval) and its tokenizer, by `study.frozen.load.load_frozen`."""
-    from study.frozen.load import FrozenInputError, load_frozen
+    from study.frozen.load import load_frozen
 
-    try:
-        frozen = load_frozen(name, dtype=torch.float32)
-    except FrozenInputError as err:
-        raise ProbeError(str(err)) from err
+    frozen = load_frozen(name, dtype=torch.float32)
     return frozen.model, frozen.tokenizer
 
 
@@ -137,17 +133,16 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
               show_progress: bool = False) -> dict:  # fmt: skip
     """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
     ``show_progress``, one report per step with the time left (`study.progress`)."""
-    from study.frozen.load import FrozenInputError, check_seq_len, context_of, text_windows
+    from study.frozen.load import check_seq_len, context_of
     from study.frozen.probe import measure
+    from study.frozen.windows import text_windows
     from study.progress import progress
 
     start = time.perf_counter()
     model, tokenizer = load_model(args.model)
-    try:
-        check_seq_len(args.seq_len, context_of(model), args.model)  # a checkpoint's context is known only now
-        windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed)
-    except FrozenInputError as err:
-        raise ProbeError(str(err)) from err
+    check_seq_len(args.seq_len, context_of(model), args.model)  # a checkpoint's context is known only now
+    # the documents take turns, so that the fp64 reference's first windows come from different documents
+    windows = text_windows(tokenizer, docs, args.windows, args.seq_len, seed=args.seed).taking_turns()
     layers = chosen_layers(args, measure.num_layers(model))
     grid = sorted(set(args.temperatures))
     hessian_at = set(grid if args.hessian_temperatures is None else args.hessian_temperatures)
@@ -206,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         report = run_probe(args, docs, argv=list(argv) if argv is not None else sys.argv[1:], show_progress=not args.quiet)
-    except ProbeError as err:
+    except ConfigError as err:
         print(f"study probe: {err}", file=sys.stderr)
         return 2
     finally:

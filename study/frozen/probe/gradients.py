@@ -15,11 +15,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from study.errors import ConfigError
+
 LAYER_KINDS = ("attn_qk", "attn_v", "attn_out", "mlp", "residual")  # per layer, in the report's order
-
-
-class ProbeError(ValueError):
-    """Input the probe cannot use; raised before the model is loaded (or, for the model's shape, right after)."""
 
 
 def qk_masks(model: nn.Module, layers: tuple[int, ...] | None = None) -> list[tuple[nn.Parameter, Tensor]]:
@@ -42,7 +40,7 @@ def qk_masks(model: nn.Module, layers: tuple[int, ...] | None = None) -> list[tu
             out.append((p, mask))
     if not out:
         where = "" if layers is None else f" in layer(s) {list(layers)}"
-        raise ProbeError(f"{type(model).__name__}: no W_q / W_k parameters found by name{where}")
+        raise ConfigError(f"{type(model).__name__}: no W_q / W_k parameters found by name{where}")
     return out
 
 

@@ -1,0 +1,104 @@
+"""The report's figures draw the main arm only: a sweep-like set of runs with an SGD arm beside an AdamW grid, each
+figure's data checked against the AdamW runs alone, and the arm drawn on its own."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from study.report import figures as F
+from study.report import sources
+from study.report import summary as S
+from study.report.read import RunData
+from study.report.summary import Summary
+
+MAIN_PPL = {0.01: 2000.0, 0.1: 300.0, 1.0: 40.0}  # AdamW, by T (seed s adds s)
+ARM_PPL = 1180.0  # the SGD runs that finish: far above the AdamW runs at T = 1
+
+
+def _run(name: str, ppl: float, weight: float) -> RunData:
+    scalars = {
+        sources.TRAIN_LOSS: [(0, 5.0), (5, 4.5), (10, 4.0), (13, 3.9)],
+        sources.VAL_PPL: [(14, ppl)],
+        "val/attention/by_visible/max_weight/n2": [(14, weight)],
+        "val/attention/by_visible/max_weight/n4": [(14, weight / 2)],
+        "val/attention/by_visible/normalized_entropy/n2": [(14, 0.5)],
+        "val/attention/by_visible/normalized_entropy/n4": [(14, 0.6)],
+    }
+    return RunData(name, Path(name), {}, {"state": "finished"}, {}, scalars)
+
+
+def _summary(t, k, seed, optimizer, lr, ppl, state="finished", entropy=0.4, grad=1.0) -> Summary:
+    name = f"T{t}_k{'all' if k is None else k}_s{seed}_{optimizer}_lr{lr}"
+    return Summary(
+        name, t, k, seed=seed, state=state, optimizer=optimizer, learning_rate=lr,
+        final={sources.VAL_PPL: ppl, sources.NORMALIZED_ENTROPY: entropy},
+        values={S.SPIKES: 3 if optimizer == "sgd" else 0, S.CLIPPED: 0.0, S.GRAD_NORM: grad, S.GRAD_QK: grad,
+                S.JACOBIAN: 0.1},
+        run=_run(name, ppl, 0.9 if optimizer == "sgd" else 0.3),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def sweep() -> tuple[list[Summary], list[Summary]]:
+    main = [_summary(t, k, seed, "adamw", 3e-5, p + seed, entropy=0.4 + 0.01 * seed, grad=1 / t)
+            for t, p in MAIN_PPL.items() for k in (None, 8) for seed in (0, 1, 2)]  # fmt: skip
+    arm = [
+        _summary(0.01, None, 1, "sgd", lr, math.nan, state="diverged", entropy=0.99, grad=1e10) for lr in (0.01, 1.0)
+    ] + [_summary(1.0, None, 1, "sgd", lr, ARM_PPL, entropy=0.99, grad=1e3) for lr in (0.01, 1.0)]
+    return main, arm
+
+
+def test_every_figure_draws_the_main_arm_only(sweep, tmp_path, monkeypatch):
+    main, arm = sweep
+    drawn = {}
+    monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
+    made = F.figures(main + arm, tmp_path)
+    assert set(made) == {"curves.png", "sensitivity_vs_T.png", "dilution_vs_n.png", "attention_vs_T.png",
+                         "stability_vs_T.png", "ppl_heatmap.png", "arms.png"}  # fmt: skip
+    for name, caption in made.items():  # every caption says which runs it draws
+        if name != "arms.png":
+            assert "adamw, lr 3e-05: " in caption, name
+    assert "adamw, lr 3e-05: 18 runs" in made["curves.png"] and "adamw, lr 3e-05: 9 runs" in made["dilution_vs_n.png"]
+
+    loss_ax, ppl_ax = drawn["curves.png"].axes[:2]
+    assert len(loss_ax.lines) == 18 and len(ppl_ax.lines) == 18  # one line per AdamW run, none of the arm
+    assert ARM_PPL not in {float(y) for line in ppl_ax.lines for y in line.get_ydata()}
+    labels = [t.get_text() for t in ppl_ax.get_legend().get_texts()]
+    assert len(labels) == len(set(labels)) == 6  # each (T, k) once
+
+    ax = drawn["sensitivity_vs_T.png"].axes[0]
+    points = np.concatenate([c.get_offsets() for c in ax.collections])
+    assert len(points) == 3 * 9 and points[:, 1].max() == pytest.approx(100.0)  # 1/T of AdamW, never the arm's 1e10
+
+    weight_ax = drawn["dilution_vs_n.png"].axes[0]
+    runs = [line for line in weight_ax.lines if line.get_label().startswith("T=")]
+    assert len(runs) == 9 and all(line.get_ydata()[0] == pytest.approx(0.3) for line in runs)
+
+    entropy_ax = drawn["attention_vs_T.png"].axes[0]
+    k_all = next(line for line in entropy_ax.lines if line.get_label() == "k=all")
+    assert list(k_all.get_ydata()) == pytest.approx([0.41] * 3)  # the AdamW seeds' mean, not pulled to 0.99
+
+    spikes, diverged = drawn["stability_vs_T.png"].axes
+    assert [p.get_height() for p in spikes.patches] == [0, 0, 0]  # the arm's spikes are not counted here
+    assert [p.get_height() for p in diverged.patches] == [0, 0, 0]
+
+    heat = drawn["ppl_heatmap.png"].axes[0]
+    texts = {t.get_text() for t in heat.texts}
+    geometric = math.exp(np.mean(np.log([40.0, 41.0, 42.0])))
+    assert f"{geometric:.1f}" == "41.0" and "41.0" in texts  # T = 1, k = all: the AdamW runs alone (with the arm: 156)
+
+    arms_ax = drawn["arms.png"].axes[0]
+    by_label = {line.get_label(): line for line in arms_ax.lines}
+    assert list(by_label["sgd lr 0.01"].get_ydata()) == [ARM_PPL]
+    assert list(by_label["sgd lr 0.01: diverged"].get_xdata()) == [0.01]
+    assert "4 runs" in made["arms.png"]
+
+
+def test_no_arm_no_arms_figure(sweep, tmp_path, monkeypatch):
+    main, _ = sweep
+    monkeypatch.setattr(F, "_save", lambda fig, path: None)
+    assert "arms.png" not in F.figures(main, tmp_path)

@@ -151,8 +151,9 @@ class CausalLMModule(L.LightningModule):
         ppl = torch.exp(loss.detach().float().clamp(max=50))
         self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
         self.log(tags.TRAIN_PPL, ppl)
-        # the same values under the names that lead TensorBoard's pages (`tags.LEADING`)
-        self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl})
+        # the same values under the names that lead TensorBoard's pages (`tags.LEADING`), perplexity also as log10
+        self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl,
+                       tags.LOG10[tags.TRAIN_PPL]: torch.log10(ppl)})  # fmt: skip
         return loss
 
     @override
@@ -168,7 +169,8 @@ class CausalLMModule(L.LightningModule):
         ppl = torch.exp(loss.float().clamp(max=50))
         self.log(tags.VAL_LOSS, loss, prog_bar=True)
         self.log(tags.VAL_PPL, ppl)
-        self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl})
+        self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl,
+                       tags.LOG10[tags.VAL_PPL]: torch.log10(ppl)})  # fmt: skip
 
     @override
     def configure_optimizers(self) -> OptimizerLRScheduler:

@@ -8,6 +8,7 @@ Phases: training-step values carry no prefix; values aggregated over a validatio
 
 from __future__ import annotations
 
+import math
 import re
 
 VAL_PREFIX = "val/"
@@ -85,14 +86,6 @@ def by_visible_regex(statistic: str, phase_prefix: str = "") -> str:
     return "^" + re.escape(phase_prefix + by_visible_prefix(statistic)) + r"(\d+)$"
 
 
-def over_visible(statistic: str) -> str:
-    """``attention/over_visible_n/{statistic}``: the last validation's Lemma 1 bins as one curve whose STEP IS n (the
-    bin's smallest visible count), written once at the end of training, so TensorBoard draws it against n."""
-    return f"attention/over_visible_n/{statistic}"
-
-
-OVER_VISIBLE_UNIFORM = over_visible("uniform_max_weight")  # 1/n: the max weight of a uniform row over n keys
-
 ENTROPY_HEADS_HISTOGRAM = "attention/normalized_entropy/heads"
 
 
@@ -160,10 +153,37 @@ def _leading_tags() -> dict[str, str]:
 LEADING = _leading_tags()
 """{tag as its monitor writes it: its copy in the leading group}; `leading_copies` applies it."""
 
+# TensorBoard cannot set a log axis (nor a grouping) from the logs, and the positive quantities that T moves span
+# decades (gradient norms from about 1 at T = 1 to 1e10 at T = 0.01; perplexity from tens to thousands): on a
+# linear axis every run but the largest lies flat on 0. So these also get a log10 copy in the leading group.
+LOG10_PREFIX = "log10_"
+LOG10_SOURCES = (TRAIN_PPL, VAL_PPL, GRAD_NORM, GRAD_Q, GRAD_K, jacobian("mean"), val(jacobian("mean")))
+
+
+def log10_copy(tag: str) -> str:
+    """``Summary/log10_grad_norm_total``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
+    group, name = LEADING[tag].split("/", 1)
+    return f"{group}/{LOG10_PREFIX}{name}"
+
+
+LOG10 = {tag: log10_copy(tag) for tag in LOG10_SOURCES}
+"""{tag as its monitor writes it: its log10 copy in the leading group}."""
+
+
+def _log10(value: float) -> float | None:
+    """log10 of a positive value (inf stays inf: a diverged norm is shown as one); None for 0, negatives and NaN."""
+    value = float(value)
+    return math.log10(value) if value > 0 else None
+
 
 def leading_copies(metrics: dict[str, float]) -> dict[str, float]:
-    """The leading-group copies of those ``metrics`` that lead (none for the rest)."""
-    return {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
+    """The leading-group copies of those ``metrics`` that lead (none for the rest), with the log10 copies of those
+    in LOG10 (a non-positive or NaN value has no log10 copy at that step)."""
+    out = {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
+    for tag, value in metrics.items():
+        if tag in LOG10 and (log := _log10(value)) is not None:
+            out[LOG10[tag]] = log
+    return out
 
 
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------

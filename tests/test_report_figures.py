@@ -4,6 +4,7 @@ figure's data checked against the AdamW runs alone, and the arm drawn on its own
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +103,52 @@ def test_no_arm_no_arms_figure(sweep, tmp_path, monkeypatch):
     main, _ = sweep
     monkeypatch.setattr(F, "_save", lambda fig, path: None)
     assert "arms.png" not in F.figures(main, tmp_path)
+
+
+def test_per_temperature_table_cells_live_on_their_scale(sweep):
+    """Norms and perplexities: geometric mean with a positive interval (a linear one ran below zero); a value every
+    run shares: that value with its count; unstable runs: a count with its exact bound; the arm is left out."""
+    from study.report import markdown as md
+    from study.report.stats import mean_interval
+
+    main, arm = sweep
+    spread = [_summary(0.01, None, s, "adamw", 3e-5, 2000.0, grad=g) for s, g in enumerate((1e9, 1e10, 3e10))]
+    for s in spread:
+        s.values[S.VAL_LOSS_BASELINE] = 8.105  # shared step-0 validation: one value for every seed
+    assert mean_interval([1e9, 1e10, 3e10]).lo < 0  # what the linear cell showed
+    text = md.per_t_table(spread + [m for m in main if m.temperature != 0.01] + arm)
+    header, _, *rows = text.splitlines()
+
+    def cells(line: str) -> list[str]:  # split on the unescaped pipes
+        return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+
+    row = dict(zip(cells(header), cells(rows[0])))
+    assert row["T"] == "0.01" and row["runs"] == "3" and row["diverged"] == "0"  # the SGD runs at 0.01 are not here
+    grad = row["\\|grad W_q,W_k\\| (geometric)"]
+    estimate, lo, hi = (float(x) for x in grad.replace("[", "").replace(",", "").replace("]", "").split())
+    assert estimate == pytest.approx(math.exp(np.mean(np.log([1e9, 1e10, 3e10]))), rel=1e-3) and 0 < lo < estimate < hi
+    assert row["step-0 val/loss"] == "8.105 (all 3 equal)"
+    assert row["unstable runs [exact CI]"] == "0/3 [0, 0.708]"  # Clopper-Pearson: 1 - 0.025 ** (1/3)
+
+
+def test_report_opens_with_the_plain_summary_from_its_json():
+    from study.report.markdown import plain_summary
+
+    data = {
+        "runs": {"finished": 20, "diverged": 2},
+        "family": {"level": 0.9971, "confidence": 0.95},
+        "findings": [
+            {"claim": "g grows like 1/T", "verdict": "not supported", "paper_value": "1/T", "experiment": "probe",
+             "interval": {"estimate": -0.2761, "lo": -0.47, "hi": -0.0823}},
+            {"claim": "N* grows with L", "verdict": "supported", "paper_value": "0.06 L", "experiment": "frozen",
+             "interval": {"estimate": 1.026, "lo": 0.967, "hi": 1.086}},
+            {"claim": "low T unstable", "verdict": "inconclusive", "paper_value": None, "experiment": "training",
+             "interval": None, "value": "too few: 3 vs 3 runs; more"},
+        ],
+    }  # fmt: skip
+    text = plain_summary(data)
+    first = text.splitlines()[0]
+    assert first.startswith("22 runs (2 diverged, 20 finished); 3 claims judged: 1 supported, 1 not supported, 1 inconclusive")
+    assert "- N* grows with L: paper 0.06 L, ours 1.03 [0.967, 1.09] (frozen)." in text
+    assert "- low T unstable: paper -, ours too few: 3 vs 3 runs (training)." in text
+    assert text.index("Supported") < text.index("Not what") < text.index("Undecided")

@@ -73,10 +73,11 @@ def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None =
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
-    not_counted: list[Summary] | None = None, probe_figure: str | None = None,
+    not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
-    findings may use; ``not_counted`` the unfinished or failed ones, listed apart."""
+    findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
+    words (`markdown.plain_summary` of report.json's data) that opens it."""
     not_counted = not_counted or []
     found, family = judgement or judged(summaries, probe)
     states = run_states(all_runs, not_counted)
@@ -92,6 +93,7 @@ def report_text(
         + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
         + f". Source: `{source}`.",
         "",
+        *(["## In plain words", "", plain, ""] if plain else []),
         "## Scorecard",
         "",
         "One row per tested claim: the paper's value, ours with its interval, the verdict, and the experiment it "
@@ -128,6 +130,8 @@ def report_text(
         "",
         *probe_section(probe, probe_figure),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
+        "",
+        md.PER_T_NOTE,
         "",
         "Step 0 is the frozen model under the new T, validated before the first update (BaselineValidation); "
         "training is read as the change from it.",
@@ -186,15 +190,16 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     judgement = judged(primary, probe, load_analysis(sweep_dir))
-    text = report_text(
-        title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
-    )
-    path = out / "report.md"
-    path.write_text(text)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
+    text = report_text(
+        title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
+        plain=md.plain_summary(data),
+    )  # fmt: skip
+    path = out / "report.md"
+    path.write_text(text)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     return path

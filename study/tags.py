@@ -218,3 +218,14 @@ def probe_layer(layer: int, quantity: str) -> str:
 def probe_single_layer(layer: int, quantity: str) -> str:
     """``probe/single_layer_{l}/{quantity}``: T lowered in layer l only (grad_attn_qk, loss, jacobian/p50, ...)."""
     return probe(f"single_layer_{layer}/{quantity}")
+
+
+# ---- study report: the report in TensorBoard (Text and Images tabs of the run "report" under the sweep) --------
+REPORT_RUN = "report"  # the folder under the sweep that `study report` writes (report.md, figures, their events)
+REPORT_SUMMARY = "report/in_plain_words"  # Text: the plain-language summary that opens report.md
+REPORT_SCORECARD = "report/scorecard"  # Text: the scorecard table
+
+
+def report_figure(name: str) -> str:
+    """``report/figure/{name}``: one of the report's figures (its file name without .png) as an image."""
+    return f"report/figure/{name}"

@@ -152,3 +152,32 @@ def test_report_opens_with_the_plain_summary_from_its_json():
     assert "- N* grows with L: paper 0.06 L, ours 1.03 [0.967, 1.09] (frozen)." in text
     assert "- low T unstable: paper -, ours too few: 3 vs 3 runs (training)." in text
     assert text.index("Supported") < text.index("Not what") < text.index("Undecided")
+
+
+def test_report_events_hold_the_summary_scorecard_and_figures(tmp_path):
+    """`study report` writes its summary and scorecard as Text and its figures as Images (the run "report");
+    a rewrite replaces the earlier events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from study import tags
+    from study.report.tensorboard import write_report_events
+
+    plt = F._plt()
+    for name in ("curves.png", "sensitivity_vs_T.png"):
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([0, 1])
+        fig.savefig(tmp_path / name, dpi=50)
+        plt.close(fig)
+    write_report_events(tmp_path, "old", "old", ["curves.png"])
+    write_report_events(tmp_path, "22 runs; **plain**", "| claim |\n|---|", ["curves.png", "sensitivity_vs_T.png"])
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    assert acc.Tags()["scalars"] == []  # no line in any chart
+    text = acc.Tensors(tags.REPORT_SUMMARY)[0].tensor_proto.string_val[0].decode()
+    assert text == "22 runs; **plain**" and acc.Tensors(tags.REPORT_SCORECARD)[0].step == 0
+    images = acc.Tags()["images"]
+    assert images == [tags.report_figure("00_sensitivity_vs_T"), tags.report_figure("01_curves")]  # key figure first
+    image = acc.Images(images[0])[0]
+    assert image.encoded_image_string == (tmp_path / "sensitivity_vs_T.png").read_bytes()
+    assert (image.width, image.height) == (150, 100)

@@ -21,6 +21,7 @@ from study.report.read import load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import Family, family_level, fmt, simultaneous
 from study.report.summary import Summary, dedupe, share_baselines, summarize
+from study.report.tensorboard import write_report_events
 
 WANTED_TAGS = (
     sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.GRAD_NORM, sources.GRAD_Q, sources.GRAD_K,
@@ -197,9 +198,12 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     )  # fmt: skip
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=md.plain_summary(data),
+        plain=(plain := md.plain_summary(data)),
     )  # fmt: skip
     path = out / "report.md"
     path.write_text(text)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    # the same summary, scorecard and figures in TensorBoard (Text and Images of the run "report")
+    drawn = [name for name in [*made, probe_figure] if name and (out / name).is_file()]
+    write_report_events(out, plain, scorecard_markdown(data["scorecard"], data["family"]), drawn)
     return path

@@ -171,6 +171,11 @@ class CausalLMModule(L.LightningModule):
         self.log(tags.VAL_PPL, ppl)
         self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl,
                        tags.LOG10[tags.VAL_PPL]: torch.log10(ppl)})  # fmt: skip
+        # Lightning logs epoch-end metrics at its count of batches that stepped, one less than the optimizer steps
+        # done when validation runs inside the training loop; the monitors log validation at `global_step`, the
+        # optimizer steps the validated weights have had. A logged "step" is Lightning's x axis for these metrics
+        # (`_LoggerConnector.log_metrics`): every validation tag at one step.
+        self.log("step", float(self.global_step))
 
     @override
     def configure_optimizers(self) -> OptimizerLRScheduler:

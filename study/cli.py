@@ -31,9 +31,9 @@ VERBS: dict[str, str] = {
     "test": "study.fit",
     "sweep": "study.sweep",
     "report": "study.report",
-    "analyze": "study.analysis.command",
+    "analyze": "study.frozen.analysis.command",
     "bench": "study.bench",
-    "probe": "study.probe.command",
+    "probe": "study.frozen.probe.command",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # One line per verb for `study --help` (and `study` alone), in the order a researcher meets them.

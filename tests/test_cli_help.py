@@ -22,6 +22,7 @@ def test_study_help_lists_every_verb_and_the_readme_commands(capsys):
     assert main(["frob"]) == 2 and "unknown verb 'frob'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # imports Lightning and transformers: seconds
 def test_fit_help_leads_with_the_study_options(capsys):
     from study.attention import AttentionSpec
 
@@ -37,6 +38,7 @@ def test_fit_help_leads_with_the_study_options(capsys):
         assert option in out, option
 
 
+@pytest.mark.slow  # builds the LightningCLI parser
 def test_abbreviated_options_are_refused():
     """argparse would take --trainer.max_step for --trainer.max_steps; the study refuses it with the full name."""
     from study.fit import check_fit_args

@@ -156,14 +156,25 @@ LEADING = _leading_tags()
 # TensorBoard cannot set a log axis (nor a grouping) from the logs, and the positive quantities that T moves span
 # decades (gradient norms from about 1 at T = 1 to 1e10 at T = 0.01; perplexity from tens to thousands): on a
 # linear axis every run but the largest lies flat on 0. So these also get a log10 copy in the leading group.
-LOG10_PREFIX = "log10_"
-LOG10_SOURCES = (TRAIN_PPL, VAL_PPL, GRAD_NORM, GRAD_Q, GRAD_K, jacobian("mean"), val(jacobian("mean")))
+# TensorBoard sorts a group's charts by name, capitals first (as it sorts groups): "Log10_" puts these first in
+# `Summary`, and their names order them total gradient norm, perplexity, Jacobian, then W_k and W_q.
+LOG10_PREFIX = "Log10_"
+_LOG10_NAMES = {
+    GRAD_NORM: "grad_norm",
+    TRAIN_PPL: "perplexity",
+    jacobian("mean"): "softmax_jacobian_layer_mean",
+    GRAD_K: "wk_grad_norm",
+    GRAD_Q: "wq_grad_norm",
+    VAL_PPL: "perplexity",
+    val(jacobian("mean")): "softmax_jacobian_layer_mean",
+}
+LOG10_SOURCES = tuple(_LOG10_NAMES)
 
 
 def log10_copy(tag: str) -> str:
-    """``Summary/log10_grad_norm_total``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
-    group, name = LEADING[tag].split("/", 1)
-    return f"{group}/{LOG10_PREFIX}{name}"
+    """``Summary/Log10_grad_norm``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
+    group = LEADING[tag].split("/", 1)[0]
+    return f"{group}/{LOG10_PREFIX}{_LOG10_NAMES[tag]}"
 
 
 LOG10 = {tag: log10_copy(tag) for tag in LOG10_SOURCES}

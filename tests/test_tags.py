@@ -61,8 +61,11 @@ def test_log10_copies_of_quantities_that_span_decades():
     from study import tags
 
     copies = tags.leading_copies({tags.GRAD_NORM: 1e10, tags.TRAIN_PPL: 45.0, tags.GRAD_Q: 0.0, tags.GRAD_K: math.nan})
-    assert copies["Summary/log10_grad_norm_total"] == 10.0 and copies["Summary/grad_norm_total"] == 1e10
-    assert copies["Summary/log10_perplexity"] == math.log10(45.0)
+    assert copies["Summary/Log10_grad_norm"] == 10.0 and copies["Summary/grad_norm_total"] == 1e10
+    assert copies["Summary/Log10_perplexity"] == math.log10(45.0)
     assert tags.LOG10[tags.GRAD_Q] not in copies and tags.LOG10[tags.GRAD_K] not in copies
     assert tags.leading_copies({tags.GRAD_NORM: math.inf})[tags.LOG10[tags.GRAD_NORM]] == math.inf
-    assert tags.LOG10[tags.VAL_PPL] == "Summary_val/log10_perplexity"
+    assert tags.LOG10[tags.VAL_PPL] == "Summary_val/Log10_perplexity"
+    # TensorBoard sorts a group's charts by name, capitals first: the log10 charts lead, gradient norm and perplexity
+    leading = sorted(name for name in {*tags.LEADING.values(), *tags.LOG10.values()} if name.startswith("Summary/"))
+    assert leading[:2] == ["Summary/Log10_grad_norm", "Summary/Log10_perplexity"]

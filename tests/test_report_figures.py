@@ -140,7 +140,7 @@ def test_report_opens_with_the_plain_summary_from_its_json():
         "findings": [
             {"claim": "g grows like 1/T", "verdict": "not supported", "paper_value": "1/T", "experiment": "probe",
              "interval": {"estimate": -0.2761, "lo": -0.47, "hi": -0.0823}},
-            {"claim": "N* grows with L", "verdict": "supported", "paper_value": "0.06 L", "experiment": "frozen",
+            {"claim": "3. N* grows with L", "verdict": "supported", "paper_value": "0.06 L", "experiment": "frozen",
              "interval": {"estimate": 1.026, "lo": 0.967, "hi": 1.086}},
             {"claim": "low T unstable", "verdict": "inconclusive", "paper_value": None, "experiment": "training",
              "interval": None, "value": "too few: 3 vs 3 runs; more"},
@@ -149,7 +149,7 @@ def test_report_opens_with_the_plain_summary_from_its_json():
     text = plain_summary(data)
     first = text.splitlines()[0]
     assert first.startswith("22 runs (2 diverged, 20 finished); 3 claims judged: 1 supported, 1 not supported, 1 inconclusive")
-    assert "- N* grows with L: paper 0.06 L, ours 1.03 [0.967, 1.09] (frozen)." in text
+    assert "- 3\\. N* grows with L: paper 0.06 L, ours 1.03 [0.967, 1.09] (frozen)." in text  # not a numbered list
     assert "- low T unstable: paper -, ours too few: 3 vs 3 runs (training)." in text
     assert text.index("Supported") < text.index("Not what") < text.index("Undecided")
 

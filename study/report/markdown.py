@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -242,5 +243,6 @@ def plain_summary(data: dict) -> str:
             ours = (f"{fmt(iv['estimate'], 3)} [{fmt(iv['lo'], 3)}, {fmt(iv['hi'], 3)}]" if iv
                     else f.get("value", "-").split(";")[0])  # fmt: skip
             paper = f.get("paper_value") or "-"
-            lines.append(f"- {f.get('claim', '?')}: paper {paper}, ours {ours} ({f.get('experiment') or '-'}).")
+            claim = re.sub(r"^(\d+)\.", r"\1\\.", f.get("claim", "?"))  # "5. ..." in a bullet is not a numbered list
+            lines.append(f"- {claim}: paper {paper}, ours {ours} ({f.get('experiment') or '-'}).")
     return "\n".join(lines)

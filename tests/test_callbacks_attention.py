@@ -106,19 +106,20 @@ def test_entropy_falls_with_temperature(tmp_path):
 
 
 def test_only_logging_steps_open_a_tap(tmp_path):
-    """every_n_steps = 2: the forward of steps 0 and 2 sees the tap, steps 1 and 3 run with none open."""
+    """every_n_steps = 2 in a 5-step run: the forward of steps 0, 2 and 4 (the last) sees the tap, steps 1 and 3
+    run with none open."""
     module = PlainAttention()
     monitor = AttentionEntropyMonitor(every_n_steps=2, validation=False)
     calls: list[int] = []
     observe = monitor.observe
     monitor.observe = lambda layer, *a: (calls.append(layer), observe(layer, *a))
-    make_trainer(tmp_path, [monitor], max_steps=4, limit_val_batches=0).fit(module, token_loader(n=8))
-    assert module.taps_seen == [(0, 1), (1, 0), (2, 1), (3, 0)]
-    assert calls == [0, 1, 0, 1]  # two layers, on two steps
+    make_trainer(tmp_path, [monitor], max_steps=5, limit_val_batches=0).fit(module, token_loader(n=10))
+    assert module.taps_seen == [(0, 1), (1, 0), (2, 1), (3, 0), (4, 1)]
+    assert calls == [0, 1, 0, 1, 0, 1]  # two layers, on three steps
     logged = scalars(tmp_path)
-    assert [s for s, _ in logged["attention/entropy/layer_0"]] == [0, 2]
+    assert [s for s, _ in logged["attention/entropy/layer_0"]] == [0, 2, 4]
     assert not any(tag.startswith("val/") for tag in logged)
-    assert monitor.train_logs == 2 and not monitor.is_tapping
+    assert monitor.train_logs == 3 and not monitor.is_tapping
 
 
 def test_llama_and_state_dict(tmp_path):

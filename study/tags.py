@@ -37,6 +37,7 @@ def pretrain(tag: str) -> str:
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"
+TRAIN_Z_LOSS = "train/z_loss"  # the auxiliary z-loss, mean (log Z)^2 (CausalLMModule z_loss > 0)
 FIXED_BATCH_LOSS = "train/fixed_batch_loss"  # FixedBatchLoss: one held-out batch, the same at every step
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"

@@ -15,6 +15,7 @@ from study.report import sources
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
+from study.report.lrcurves import lr_section
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_optional_json
@@ -234,16 +235,21 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     judgement = judged(primary, probe, load_analysis(sweep_dir))
+    lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["excess_slopes"] = excess_json(primary)
+    if lr_curves is not None:
+        data["lr_curves"] = lr_curves.data
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
         plain=(plain := md.plain_summary(data)),
     )  # fmt: skip
+    if lr_curves is not None:
+        text += "\n" + lr_curves.markdown
     path = out / "report.md"
     path.write_text(text)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")

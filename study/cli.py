@@ -1,5 +1,6 @@
 """The `study` command.
 
+    study | study --help                                           every verb, one line each, and two examples
     study fit|validate|test --config configs/default.yaml [--model.attention.temperature=0.5 ...]
         LightningCLI over `CausalLMModule` and `TextDataModule`: every option of the Trainer, the model and the data
         from YAML or the command line (`study fit --help`, `study fit --print_config`).
@@ -35,6 +36,38 @@ VERBS: dict[str, str] = {
     "probe": "study.frozen.probe.command",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
+# One line per verb for `study --help` (and `study` alone), in the order a researcher meets them.
+SUMMARIES: dict[str, str] = {
+    "fit": "one run under an attention spec (LightningCLI; `study fit --help` lists the study's options)",
+    "validate": "validate a model or checkpoint under a spec (LightningCLI)",
+    "test": "test a model or checkpoint under a spec (LightningCLI)",
+    "sweep": "a grid of runs (temperature x top-k x seeds, arms), the probe and the analysis, then the report",
+    "report": "findings, scorecard, figures and report.md from a sweep's logs (no model loaded)",
+    "probe": "per-layer and single-layer gradients, Jacobian and Hessian against T on a frozen model",
+    "analyze": "the paper's Algorithms 1-5 on a frozen causal LM",
+    "bench": "speed and memory of the attention options against stock transformers",
+}
+# The README's two commands: the main job and one run.
+EXAMPLES = (
+    "study sweep --config configs/sweeps/default.yaml --parallel 2     # the main job (make demo); --quick: small GPT-2",
+    "study fit --config configs/smollm2.yaml --model.attention.temperature=0.1 --model.attention.top_k=8",
+)
+
+
+def usage() -> str:
+    """`study --help`: every verb with one line, and the README's two commands."""
+    width = max(map(len, VERBS)) + 2
+    return "\n".join([
+        "usage: study <verb> [options]   (`study <verb> --help` for a verb's options)",
+        "",
+        "Attention normalisation in training (arXiv 2508.17821): softmax temperature T, top-k and other normalisers.",
+        "",
+        "verbs:",
+        *(f"  {verb:<{width}}{SUMMARIES[verb]}" for verb in VERBS),
+        "",
+        "examples:",
+        *(f"  {line}" for line in EXAMPLES),
+    ])  # fmt: skip
 # Verbs with a --verbose of their own (the sweep's shows every run's output live); it also shows tracebacks.
 VERBS_WITH_VERBOSE = ("sweep",)
 
@@ -42,13 +75,19 @@ VERBS_WITH_VERBOSE = ("sweep",)
 def main(argv: list[str] | None = None) -> int:
     """`study <verb> ...`. A bad input or a failed run ends in one line on stderr; `--verbose` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if not argv[0].startswith("-") and argv[0] not in VERBS:
+        print(f"study: unknown verb {argv[0]!r}; the verbs are {', '.join(VERBS)} (study --help)", file=sys.stderr)
+        return 2
     verbose = "--verbose" in argv
     verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
     if verb not in VERBS_WITH_VERBOSE:
         argv = [a for a in argv if a != "--verbose"]
     try:
         module = importlib.import_module(VERBS.get(verb, "study.fit"))
-        # `study --help`, `study --print_config ...`, `study <unknown>`: LightningCLI answers (and names the verbs).
+        # `study --print_config ...`, `study --config ...`: no verb is `fit`, as LightningCLI takes it.
         return module.main(argv if verb in LIGHTNING_VERBS or verb not in VERBS else argv[1:])
     except Exception as err:
         if verbose:

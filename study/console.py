@@ -18,6 +18,8 @@ so the warning only appears when something is genuinely wrong (dropout would be 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,6 +62,11 @@ def silence_library_notices() -> None:
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     warnings.filterwarnings("ignore", message=PYTREE_WARNING, category=FutureWarning, module=PYTREE_MODULE)
+    # the datasets library's bars (loading, tokenising and packing the corpus: "Map: 100%|...") on every run; the
+    # variable is read when datasets is imported, the call covers a datasets already imported
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 @contextmanager

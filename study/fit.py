@@ -13,9 +13,12 @@ The configs log under ``logs/fit/<config>/version_<n>``, apart from the sweeps' 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import inspect
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -245,7 +248,7 @@ def check_fit_args(args: list[str]) -> str | None:
 def _parser_kwargs() -> dict:
     # Parse errors raise (ArgumentError) instead of printing the whole usage and exiting: `main` makes them one
     # line, and a sweep records them in the run's status.
-    kwargs: dict = {"exit_on_error": False}
+    kwargs: dict = {"exit_on_error": False, "allow_abbrev": False}
     if _has_omegaconf():
         kwargs["parser_mode"] = "omegaconf"
     return kwargs
@@ -258,7 +261,14 @@ def _has_omegaconf() -> bool:
 def main(argv: list[str]) -> int:
     """`study fit|validate|test ...` (the verb first, as LightningCLI takes it); errors propagate to `study.cli`.
 
-    Ends with one line naming the log folder and the final metrics."""
+    Ends with one line naming the log folder and the final metrics. ``--help`` prints the study's own options
+    (`short_help`); ``--help-all`` LightingCLI's full help."""
+    verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
+    if "--help-all" in argv:
+        argv = [("--help" if a == "--help-all" else a) for a in argv]
+    elif "-h" in argv or "--help" in argv:
+        print(short_help(verb))
+        return 0
     for path in _config_files(argv):
         load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
     _check_ckpt_path(argv)
@@ -270,7 +280,6 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"{one_line(err)}; did you mean --{hint}?") from None
         raise
     diverged = _diverged(cli)
-    verb = argv[0] if argv else "fit"
     print(f"study {verb}: {final_line(getattr(cli, 'trainer', None))}")
     if diverged:
         print(f"study fit: stopped, {diverged}", file=sys.stderr)
@@ -377,3 +386,103 @@ def _diverged(cli: StudyCLI) -> str | None:
         if isinstance(callback, NonFiniteGuard) and callback.diverged:
             return callback.diverged["reason"]
     return None
+
+
+# ---- `study fit --help`: the study's own options first, in a page ---------------------------------------------
+# LightningCLI's help lists every option of the Trainer, the model and the data, about 700 lines, with the attention
+# spec (temperature, top_k, the normaliser) only under `--model.attention.help AttentionSpec`. This short form is
+# generated from the classes themselves (their signatures and the `Args:` of their docstrings), so it cannot drift
+# from the options the parser accepts; `--help-all` is LightningCLI's.
+# Trainer options a study run is usually steered by (the rest: --help-all)
+TRAINER_OPTIONS = ("max_steps", "val_check_interval", "gradient_clip_val", "devices", "strategy", "precision")
+
+
+def _arg_lines(doc: str | None) -> dict[str, str]:
+    """{name: first sentence of its description} from a Google-style ``Args:`` section ("a, b: text" names both)."""
+    out: dict[str, str] = {}
+    lines = (doc or "").splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Args:")
+    except StopIteration:
+        return out
+    indent, names, text = None, None, []
+
+    def flush() -> None:
+        if names:
+            out.update({name: _first_sentence(" ".join(text)) for name in names})
+
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            if names:
+                continue
+            break
+        width = len(line) - len(line.lstrip())
+        indent = width if indent is None else indent
+        if width < indent:
+            break
+        match = re.match(r"\s*([\w, ]+):\s*(.*)", line) if width == indent else None
+        if match:
+            flush()
+            names, text = [n.strip() for n in match.group(1).split(",")], [match.group(2)]
+        else:
+            text.append(line.strip())
+    flush()
+    return out
+
+
+def _first_sentence(text: str, width: int = 100) -> str:
+    """Up to the first ". X" or ";" outside parentheses, cut at ``width`` characters."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and (char == ";" or (char == "." and text[i + 1 : i + 3].strip()[:1].isupper())):
+            text = text[:i]
+            break
+    text = text.strip().rstrip(".")
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def _options(prefix: str, params: list[tuple[str, str, object]], doc: str | None, skip: tuple[str, ...] = ()) -> list[str]:
+    described = _arg_lines(doc)
+    rows = []
+    for name, annotation, default in params:
+        if name in skip:
+            continue
+        shown = "" if default is inspect.Parameter.empty else f" = {default!r}"
+        rows.append((f"  --{prefix}{name}", f"{annotation}{shown}", described.get(name, "")))
+    width = max(len(r[0]) for r in rows) + 2
+    return [f"{flag:<{width}}{kind}" + (f"\n{'':<{width}}{what}" if what else "") for flag, kind, what in rows]
+
+
+def _signature(cls) -> list[tuple[str, str, object]]:
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return [(p.name, str(p.annotation), p.default) for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+def short_help(verb: str = "fit") -> str:
+    from study.attention import AttentionSpec
+
+    spec = [(f.name, str(f.type), f.default) for f in dataclasses.fields(AttentionSpec) if f.init]
+    return "\n".join([
+        f"usage: study {verb} --config CONFIG [--model.attention.temperature=T] [--model.attention.top_k=K] [...]",
+        "",
+        f"study {verb}: one run (LightningCLI over CausalLMModule and TextDataModule). The study's own options; "
+        "any of them also in a YAML config (configs/default.yaml, configs/smollm2.yaml).",
+        "",
+        "The attention spec (study.attention.AttentionSpec):",
+        *_options("model.attention.", spec, AttentionSpec.__doc__),
+        "",
+        "The model (study.model.CausalLMModule):",
+        *_options("model.", _signature(CausalLMModule), CausalLMModule.__doc__, skip=("attention",)),
+        "",
+        "The data (study.data.TextDataModule):",
+        *_options("data.", _signature(TextDataModule), TextDataModule.__doc__),
+        "",
+        "The trainer (lightning.Trainer), the usual ones: " + ", ".join(f"--trainer.{o}" for o in TRAINER_OPTIONS),
+        "",
+        "  --config FILE          a YAML config (repeatable; later ones and the command line override earlier ones)",
+        "  --print_config         print the resolved config and exit",
+        "  --help-all             every LightningCLI option (Trainer, callbacks, logger, optimizer), about 700 lines",
+        "",
+        "Options are spelt in full: an abbreviation (--trainer.max_step) is refused, with the closest name.",
+    ])

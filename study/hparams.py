@@ -46,17 +46,20 @@ STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "n
 
 HPARAMS_METRICS = {
     tags.VAL_LOSS: "val loss",
-    tags.VAL_PPL: "val perplexity",
+    tags.LOG10[tags.VAL_PPL]: "log10 val perplexity",
     tags.val(tags.attention("normalized_entropy")): "val H / log n (layer mean)",
-    tags.val(tags.jacobian("mean")): "val attention Jacobian (mean)",
-    tags.GRAD_Q: "W_q grad norm (last logged step)",
+    tags.LOG10[tags.GRAD_Q]: "log10 W_q grad norm (last logged step)",
+    tags.LOG10[tags.val(tags.jacobian("mean"))]: "log10 val attention Jacobian (mean)",
+    tags.LOG10[tags.GRAD_NORM]: "log10 grad norm (last logged step)",
     tags.val(tags.attention("entropy")): "val entropy (layer mean, nats)",
-    tags.GRAD_K: "W_k grad norm (last logged step)",
-    tags.GRAD_NORM: "grad norm (last logged step)",
+    tags.LOG10[tags.GRAD_K]: "log10 W_k grad norm (last logged step)",
     tags.TRAIN_LOSS: "train loss (last step)",
+    tags.VAL_PPL: "val perplexity",
 }
 """The metrics HParams compares runs by (their columns), with the names the columns show; TensorBoard ticks the
-first five, so one attention and one gradient column are among them."""
+first five, so one attention and one gradient column are among them. Quantities that span decades across T are
+shown as their log10 copies (`tags.LOG10`): HParams' parallel-coordinates axes are linear, and a diverged run's
+perplexity of 1e9 put every other run on 0."""
 
 EXPERIMENT_FILE = "hparams.json"
 """A sweep's experiment declaration: ``<sweep>/hparams.json``, written into every run's events."""

@@ -194,8 +194,9 @@ class CausalLMModule(L.LightningModule):
         ppl = torch.exp(loss.detach().float().clamp(max=50))
         self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
         self.log(tags.TRAIN_PPL, ppl)
-        # the same values under the names that lead TensorBoard's pages (`tags.LEADING`)
-        self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl})
+        # the same values under the names that lead TensorBoard's pages (`tags.LEADING`), perplexity also as log10
+        self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl,
+                       tags.LOG10[tags.TRAIN_PPL]: torch.log10(ppl)})  # fmt: skip
         return total
 
     @override
@@ -211,7 +212,13 @@ class CausalLMModule(L.LightningModule):
         ppl = torch.exp(loss.float().clamp(max=50))
         self.log(tags.VAL_LOSS, loss, prog_bar=True)
         self.log(tags.VAL_PPL, ppl)
-        self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl})
+        self.log_dict({tags.LEADING[tags.VAL_LOSS]: loss, tags.LEADING[tags.VAL_PPL]: ppl,
+                       tags.LOG10[tags.VAL_PPL]: torch.log10(ppl)})  # fmt: skip
+        # Lightning logs epoch-end metrics at its count of batches that stepped, one less than the optimizer steps
+        # done when validation runs inside the training loop; the monitors log validation at `global_step`, the
+        # optimizer steps the validated weights have had. A logged "step" is Lightning's x axis for these metrics
+        # (`_LoggerConnector.log_metrics`): every validation tag at one step.
+        self.log("step", float(self.global_step))
 
     @override
     def configure_optimizers(self) -> OptimizerLRScheduler:

@@ -8,6 +8,7 @@ Phases: training-step values carry no prefix; values aggregated over a validatio
 
 from __future__ import annotations
 
+import math
 import re
 
 VAL_PREFIX = "val/"
@@ -85,14 +86,6 @@ def by_visible(statistic: str, n: int) -> str:
 def by_visible_regex(statistic: str, phase_prefix: str = "") -> str:
     return "^" + re.escape(phase_prefix + by_visible_prefix(statistic)) + r"(\d+)$"
 
-
-def over_visible(statistic: str) -> str:
-    """``attention/over_visible_n/{statistic}``: the last validation's Lemma 1 bins as one curve whose STEP IS n (the
-    bin's smallest visible count), written once at the end of training, so TensorBoard draws it against n."""
-    return f"attention/over_visible_n/{statistic}"
-
-
-OVER_VISIBLE_UNIFORM = over_visible("uniform_max_weight")  # 1/n: the max weight of a uniform row over n keys
 
 ENTROPY_HEADS_HISTOGRAM = "attention/normalized_entropy/heads"
 
@@ -177,10 +170,48 @@ def _leading_tags() -> dict[str, str]:
 LEADING = _leading_tags()
 """{tag as its monitor writes it: its copy in the leading group}; `leading_copies` applies it."""
 
+# TensorBoard cannot set a log axis (nor a grouping) from the logs, and the positive quantities that T moves span
+# decades (gradient norms from about 1 at T = 1 to 1e10 at T = 0.01; perplexity from tens to thousands): on a
+# linear axis every run but the largest lies flat on 0. So these also get a log10 copy in the leading group.
+# TensorBoard sorts a group's charts by name, capitals first (as it sorts groups): "Log10_" puts these first in
+# `Summary`, and their names order them total gradient norm, perplexity, Jacobian, then W_k and W_q.
+LOG10_PREFIX = "Log10_"
+_LOG10_NAMES = {
+    GRAD_NORM: "grad_norm",
+    TRAIN_PPL: "perplexity",
+    jacobian("mean"): "softmax_jacobian_layer_mean",
+    GRAD_K: "wk_grad_norm",
+    GRAD_Q: "wq_grad_norm",
+    VAL_PPL: "perplexity",
+    val(jacobian("mean")): "softmax_jacobian_layer_mean",
+}
+LOG10_SOURCES = tuple(_LOG10_NAMES)
+
+
+def log10_copy(tag: str) -> str:
+    """``Summary/Log10_grad_norm``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
+    group = LEADING[tag].split("/", 1)[0]
+    return f"{group}/{LOG10_PREFIX}{_LOG10_NAMES[tag]}"
+
+
+LOG10 = {tag: log10_copy(tag) for tag in LOG10_SOURCES}
+"""{tag as its monitor writes it: its log10 copy in the leading group}."""
+
+
+def _log10(value: float) -> float | None:
+    """log10 of a positive value (inf stays inf: a diverged norm is shown as one); None for 0, negatives and NaN."""
+    value = float(value)
+    return math.log10(value) if value > 0 else None
+
 
 def leading_copies(metrics: dict[str, float]) -> dict[str, float]:
-    """The leading-group copies of those ``metrics`` that lead (none for the rest)."""
-    return {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
+    """The leading-group copies of those ``metrics`` that lead (none for the rest), with the log10 copies of those
+    in LOG10 (a non-positive or NaN value has no log10 copy at that step)."""
+    out = {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
+    for tag, value in metrics.items():
+        if tag in LOG10 and (log := _log10(value)) is not None:
+            out[LOG10[tag]] = log
+    return out
 
 
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------
@@ -215,3 +246,14 @@ def probe_layer(layer: int, quantity: str) -> str:
 def probe_single_layer(layer: int, quantity: str) -> str:
     """``probe/single_layer_{l}/{quantity}``: T lowered in layer l only (grad_attn_qk, loss, jacobian/p50, ...)."""
     return probe(f"single_layer_{layer}/{quantity}")
+
+
+# ---- study report: the report in TensorBoard (Text and Images tabs of the run "report" under the sweep) --------
+REPORT_RUN = "report"  # the folder under the sweep that `study report` writes (report.md, figures, their events)
+REPORT_SUMMARY = "report/in_plain_words"  # Text: the plain-language summary that opens report.md
+REPORT_SCORECARD = "report/scorecard"  # Text: the scorecard table
+
+
+def report_figure(name: str) -> str:
+    """``report/figure/{name}``: one of the report's figures (its file name without .png) as an image."""
+    return f"report/figure/{name}"

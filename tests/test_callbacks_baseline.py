@@ -26,7 +26,7 @@ def test_step0_validation_is_the_untrained_model_and_training_still_validates(tm
         module(), token_loader(n=6, vocab=64), token_loader(seed=1, vocab=64)
     )
     logged = scalars(tmp_path / "fit")
-    assert [s for s, _ in logged["val/loss"]] == [0, 2]  # Lightning logs the last validation at the step's index
+    assert [s for s, _ in logged["val/loss"]] == [0, 3]  # at the optimizer steps done, as the monitors log it
     assert logged["val/loss"][0][1] == pytest.approx(reference, rel=1e-6)
     assert logged["val/loss"][1][1] != pytest.approx(reference, rel=1e-3)  # it trained (lr 1e-2)
     assert [s for s, _ in logged["val/attention/jacobian/mean"]] == [0, 3]  # monitors get their baseline too
@@ -44,7 +44,7 @@ def test_a_seeded_baseline_runs_only_in_runs_of_that_seed(tmp_path, monkeypatch)
         make_trainer(tmp_path / name, [BaselineValidation(seed=seed)], max_steps=2, val_check_interval=2).fit(
             module(), token_loader(n=4, vocab=64), token_loader(seed=1, vocab=64)
         )
-    assert [s for s, _ in scalars(tmp_path / "other")["val/loss"]] == [1]
-    assert [s for s, _ in scalars(tmp_path / "mine")["val/loss"]] == [0, 1]
+    assert [s for s, _ in scalars(tmp_path / "other")["val/loss"]] == [2]
+    assert [s for s, _ in scalars(tmp_path / "mine")["val/loss"]] == [0, 2]
     with pytest.raises(ValueError, match="seed must be None or an integer, got '0'"):
         BaselineValidation(seed="0")

@@ -112,3 +112,14 @@ def test_nonfinite_gradient_elements_are_counted(tmp_path):
     logged = scalars(tmp_path)
     assert logged["grad_norm/nonfinite_count"] == [(0, 1.0)]
     assert math.isnan(logged["grad_norm/total"][0][1])
+
+
+def test_monitors_measure_the_last_step_too():
+    """Every n steps from 0, and the run's last step: 0, 5, 10 and 13 of a 14-step run (13 was never measured)."""
+    from types import SimpleNamespace
+
+    from study.callbacks.base import due, last_step
+
+    last = last_step(SimpleNamespace(max_steps=14))
+    assert [s for s in range(14) if due(s, 5, last)] == [0, 5, 10, 13]
+    assert last_step(SimpleNamespace(max_steps=-1)) is None and [s for s in range(7) if due(s, 5, None)] == [0, 5]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from study import tags
 from study.attention import AttentionSpec, current_spec
 from study.model import CausalLMModule, GPT2Module, warmup_cosine
 
@@ -70,6 +71,13 @@ def test_fit_logs_losses_and_hparams(tmp_path):
     val = scalars[scalars.tag == "val/loss"].value.tolist()
     ppl = scalars[scalars.tag == "val/ppl"].value.tolist()
     assert len(val) == 2 and ppl == pytest.approx([math.exp(v) for v in val], rel=1e-5)
+    # validated after steps 2 and 4: logged at those optimizer steps, the step the monitors use for validation
+    assert list(scalars[scalars.tag == "val/loss"].step) == [2, 4] and "step" not in set(scalars.tag)
+    # perplexity spans decades across T: its log10 copy leads TensorBoard's Summary pages, at the same steps
+    for source in (tags.VAL_PPL, tags.TRAIN_PPL):
+        logged, copy = (scalars[scalars.tag == t] for t in (source, tags.LOG10[source]))
+        assert list(copy.step) == list(logged.step)
+        assert copy.value.tolist() == pytest.approx([math.log10(v) for v in logged.value], rel=1e-5)
     hparams = SummaryReader(str(tmp_path / "run" / "version_0")).hparams
     values = dict(zip(hparams.tag, hparams.value))
     assert values["attention/temperature"] == pytest.approx(0.3) and values["attention/top_k"] == "4"

@@ -76,7 +76,10 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     text = path.read_text()
     data = json.loads((path.parent / "report.json").read_text())
     sections = [line for line in text.splitlines() if line.startswith("## ")]
-    assert sections[:2] == ["## Scorecard", "## Findings"]
+    assert sections[:3] == ["## In plain words", "## Scorecard", "## Findings"]
+    from study.report.markdown import plain_summary  # the opening words: generated from the same JSON
+
+    assert text.split("## In plain words\n\n")[1].startswith(plain_summary(data))
     family = data["family"]
     # a measurement, an underpowered row or one without an interval is not in the family
     judged = [f for f in data["findings"] if f["family"]]

@@ -77,3 +77,18 @@ def summary_tags(folder):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     return {v.tag for f in folder.glob("events.out.tfevents.*") for e in EventFileLoader(str(f)).Load() for v in e.summary.value}
+
+
+def test_a_diverged_run_reads_one_step_number():
+    """The guard's reason names the step of the event; the run's step count beside it read as a second event."""
+    from study.sweep.pool import SweepProgress
+    from study.sweep.spec import Run
+
+    progress = SweepProgress(2, 1, None)
+    run = Run(0, "T0.01_kall_softmax_s1_lr100_sgd", None, {}, [], {})
+    status = {"state": "diverged", "duration_s": 24.6, "global_step": 4,
+              "reason": "non-finite gradient norm (inf) at step 3"}  # fmt: skip
+    line = progress.update(run, status)
+    assert "at step 3" in line and "step 4" not in line
+    finished = progress.update(run, {"state": "finished", "duration_s": 1.0, "global_step": 10})
+    assert "(step 10" in finished

@@ -51,3 +51,21 @@ def test_tag_builders():
     assert tags.by_visible("max_weight", 16) == "attention/by_visible/max_weight/n16"
     assert tags.analysis("gradient", "T", "0.1") == "analysis/gradient/T_0.1"
     assert tags.attention_hparam("top_k") == "attention/top_k"
+
+
+def test_log10_copies_of_quantities_that_span_decades():
+    """Gradient norms and perplexities get a log10 copy in the leading group (TensorBoard cannot set a log axis
+    from the logs); a non-positive or NaN value has none, an infinite norm stays infinite."""
+    import math
+
+    from study import tags
+
+    copies = tags.leading_copies({tags.GRAD_NORM: 1e10, tags.TRAIN_PPL: 45.0, tags.GRAD_Q: 0.0, tags.GRAD_K: math.nan})
+    assert copies["Summary/Log10_grad_norm"] == 10.0 and copies["Summary/grad_norm_total"] == 1e10
+    assert copies["Summary/Log10_perplexity"] == math.log10(45.0)
+    assert tags.LOG10[tags.GRAD_Q] not in copies and tags.LOG10[tags.GRAD_K] not in copies
+    assert tags.leading_copies({tags.GRAD_NORM: math.inf})[tags.LOG10[tags.GRAD_NORM]] == math.inf
+    assert tags.LOG10[tags.VAL_PPL] == "Summary_val/Log10_perplexity"
+    # TensorBoard sorts a group's charts by name, capitals first: the log10 charts lead, gradient norm and perplexity
+    leading = sorted(name for name in {*tags.LEADING.values(), *tags.LOG10.values()} if name.startswith("Summary/"))
+    assert leading[:2] == ["Summary/Log10_grad_norm", "Summary/Log10_perplexity"]

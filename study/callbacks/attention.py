@@ -11,12 +11,10 @@ from collections.abc import Sequence
 import lightning as L
 import torch
 from torch import Tensor
-from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
 from study.callbacks.base import (
-    VAL,
     Sums,
     TapMonitor,
     layer_spread,
@@ -146,9 +144,9 @@ class SelectionUniformityMonitor(TapMonitor):
     With ``by_visible`` (Lemma 1 in training), rows are also binned by their visible count n (bin 2^b holds
     2^b <= n < 2^(b+1)) and the mean over all layers, heads and rows of each bin is logged:
         ``attention/by_visible/max_weight/n{2^b}``, ``attention/by_visible/normalized_entropy/n{2^b}``
-    (bins without rows are not logged; n = 1 has no normalised entropy). At the end of training the last
-    validation's bins are also written as one curve whose step is n, beside 1/n (uniform attention over n keys):
-        ``val/attention/over_visible_n/max_weight``, ``val/attention/over_visible_n/uniform_max_weight``.
+    (bins without rows are not logged; n = 1 has no normalised entropy). Every scalar's x axis is a step: the curve
+    over n (Lemma 1) is the report's figure `dilution_vs_n.png` (and its TensorBoard image), not a series whose step
+    is n, which TensorBoard's default smoothing would bend.
 
     Not logged: the geometric separability N_s/N of the paper's Theorem 2. It needs each key's value vector
     x_i and the attention output s = sum a_i x_i, and a tap only sees the weights; measure it offline
@@ -191,7 +189,6 @@ class SelectionUniformityMonitor(TapMonitor):
         self.selection_ks = selection_ks
         self.per_head = per_head
         self.by_visible = by_visible
-        self._last_max_weight_by_n: dict[int, Tensor] = {}
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         rows = row_distribution(weights, spec)
@@ -213,25 +210,8 @@ class SelectionUniformityMonitor(TapMonitor):
             stat, _, k = name.partition("/")
             tag = tags.topk_statistic(stat, int(k)) if k else stat  # topk_mass/4 -> topk_mass_k4
             out.update(_layer_and_mean(tag, {layer: m[name] for layer, m in means.items()}, self.per_head))
-        by_visible = _by_visible_means(binned)
-        out.update(by_visible)
-        if phase == VAL:  # kept for the curve over n that `on_train_end` writes
-            self._last_max_weight_by_n = {
-                2**b: by_visible[tag] for b in range(VISIBLE_BINS) if (tag := tags.by_visible("max_weight", 2**b)) in by_visible
-            }
+        out.update(_by_visible_means(binned))
         return out
-
-    @override
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The last validation's max weight per visible-count bin as one curve over n (its step is n), beside 1/n:
-        TensorBoard draws scalars against the step, and Lemma 1 is a statement about n, not about training time."""
-        by_n, self._last_max_weight_by_n = self._last_max_weight_by_n, {}
-        if not by_n or not trainer.is_global_zero:
-            return
-        for n, value in sorted(by_n.items()):
-            metrics = {tags.val(tags.over_visible("max_weight")): float(value), tags.val(tags.OVER_VISIBLE_UNIFORM): 1.0 / n}
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=n)
 
 
 __all__ = ["AttentionEntropyMonitor", "SelectionUniformityMonitor"]

@@ -3,7 +3,7 @@
 A monitor is itself an attention tap (`study.attention.AttentionTap`). It opens the tap only on the steps it
 logs, so on every other step attention keeps its fused fast path and nothing waits on the host:
 
-- training: ``on_train_batch_start`` opens the tap when ``global_step % every_n_steps == 0`` and
+- training: ``on_train_batch_start`` opens the tap when ``global_step % every_n_steps == 0`` (or it is the last step) and
   ``on_train_batch_end`` closes it; once the optimizer step has happened (so gradient accumulation windows
   are summed, not logged per micro-batch) the sums are reduced across processes and logged at that step;
 - validation: the tap is open for every validation batch, the sums accumulate over the epoch and are logged
@@ -65,6 +65,18 @@ def reduce_sums(trainer: L.Trainer, sums: Sums) -> Sums:
             out[layer][key] = flat[offset : offset + value.numel()].reshape(value.shape)
             offset += value.numel()
     return out
+
+
+def last_step(trainer: L.Trainer) -> int | None:
+    """The run's last optimizer step (counted from 0), None when the run is bounded by epochs, not steps."""
+    max_steps = trainer.max_steps
+    return max_steps - 1 if isinstance(max_steps, int) and max_steps > 0 else None
+
+
+def due(step: int, every_n_steps: int, last: int | None) -> bool:
+    """Whether a monitor measures at ``step``: every ``every_n_steps`` from step 0, and at the run's last step
+    ``last`` too, so that the end of a run is measured (steps 0, 5, 10 of a 14-step run left its last 3 unseen)."""
+    return step % every_n_steps == 0 or (last is not None and step == last)
 
 
 def write_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
@@ -207,7 +219,7 @@ class TapMonitor(TapWindow):
 
     def wants_tap(self, trainer: L.Trainer, phase: str, batch_idx: int, dataloader_idx: int = 0) -> bool:
         if phase == TRAIN:
-            return trainer.global_step % self.every_n_steps == 0
+            return due(trainer.global_step, self.every_n_steps, last_step(trainer))
         return self.validation and not trainer.sanity_checking
 
     # ----- opening and closing -----------------------------------------------------------------------------

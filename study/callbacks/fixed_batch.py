@@ -12,7 +12,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from study import tags
-from study.callbacks.base import write_scalars
+from study.callbacks.base import due, last_step, write_scalars
 
 
 class FixedBatchLoss(Callback):
@@ -57,7 +57,8 @@ class FixedBatchLoss(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         # After the optimizer step: the loss of the weights the next step starts from, logged at that step.
-        if self._batch is not None and trainer.global_step % self.every_n_steps == 0:
+        last = last_step(trainer)  # logged after the step: the run's last is global_step == last + 1
+        if self._batch is not None and due(trainer.global_step, self.every_n_steps, None if last is None else last + 1):
             self._log(trainer, pl_module, step=trainer.global_step)
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:

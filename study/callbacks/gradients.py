@@ -15,7 +15,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from study import tags
-from study.callbacks.base import write_scalars
+from study.callbacks.base import due, last_step, write_scalars
 from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
 from study.metrics import grouped_grad_norms, nonfinite_grad_count, total_grad_norm
 
@@ -88,7 +88,7 @@ class GradientNormMonitor(Callback):
     # ----- gradients ---------------------------------------------------------------------------------------
 
     def _grad_due(self, trainer: L.Trainer) -> bool:
-        return trainer.global_step % self.every_n_steps == 0
+        return due(trainer.global_step, self.every_n_steps, last_step(trainer))
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

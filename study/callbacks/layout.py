@@ -1,5 +1,6 @@
-"""A TensorBoard custom-scalars layout for the monitors: run-level charts first (layer means with the band over
-layers, readable with many runs), the dilution curve over n, gradients, and the per-layer charts last, closed."""
+"""A TensorBoard custom-scalars layout for the monitors: run-level charts first (log10 perplexity and gradient
+norms, layer means with the band over layers, readable with many runs), gradients, and the per-layer and per-block
+charts last, closed. Every chart's x axis is the step (the curve over n is a report figure)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ PER_LAYER = {
     "weight on the first visible key (sink)": "first_key_weight",
 }
 
-CLOSED = ("attention per layer (train; select a few runs)", "attention per layer (validation; select a few runs)")
+CLOSED = ("attention per layer (train; select a few runs)", "attention per layer (validation; select a few runs)",
+          "gradient norm per block (select a few runs)")
 """Categories drawn closed: one line per layer and run (30 layers x 18 runs = 540 lines) are for a few runs."""
 
 
@@ -54,12 +56,13 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
     val = tags.VAL_PREFIX
     layout: dict[str, dict[str, list]] = {
         "run summary": {
+            "log10 gradient norm, total": ["Multiline", _exact(tags.LOG10[tags.GRAD_NORM])],
+            "log10 perplexity (train; validation as points)": [
+                "Multiline", _exact(tags.LOG10[tags.TRAIN_PPL], tags.LOG10[tags.VAL_PPL])],
             "loss (train; validation as points)": ["Multiline", _exact(tags.TRAIN_LOSS, tags.VAL_LOSS)],
-            "perplexity" + LOG_HINT: ["Multiline", _exact(tags.TRAIN_PPL, tags.VAL_PPL)],
             "entropy: layer mean, band = min..max over layers (nats)": _band("entropy"),
             "normalised entropy: layer mean, band over layers": _band("normalized_entropy"),
-            "gradient norm, total and W_q / W_k" + LOG_HINT: [
-                "Multiline", _exact(tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K)],
+            "log10 gradient norm of W_q and W_k": ["Multiline", _exact(tags.LOG10[tags.GRAD_Q], tags.LOG10[tags.GRAD_K])],
             "largest attention logit over layers: scaled by 1/T, and before T" + LOG_HINT: [
                 "Multiline", _exact(tags.MAX_LOGIT, tags.MAX_LOGIT_RAW, val + tags.MAX_LOGIT, val + tags.MAX_LOGIT_RAW)],
             "sink rate (heads with mean first-key weight > 0.3)": [
@@ -73,10 +76,6 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
         "attention (validation): layer mean, band = min..max over layers": {
             chart: _band(statistic, val) for chart, statistic in PER_LAYER.items()
         },
-        "dilution (Lemma 1): max weight against n, the x axis is n (last validation)": {
-            "max weight vs visible keys n, and 1/n (uniform)" + LOG_HINT: [
-                "Multiline", _exact(val + tags.over_visible("max_weight"), val + tags.OVER_VISIBLE_UNIFORM)],
-        },
         "gradients": {
             "gradient norm before / after clipping" + LOG_HINT: [
                 "Multiline", _exact(tags.GRAD_NORM, tags.GRAD_NORM_CLIPPED)],
@@ -88,8 +87,6 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
                 "Multiline",
                 _exact(*(tags.jacobian(s) for s in tags.JACOBIAN_STATISTICS)),
             ],
-            "gradient norm per block" + LOG_HINT: [
-                "Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
             "gradient norm per kind" + LOG_HINT: ["Multiline", ["^" + re.escape(tags.grad_norm("")) + f"({kinds})$"]],
         },
         CLOSED[0]: {
@@ -99,6 +96,10 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
         CLOSED[1]: {
             chart: ["Multiline", [tags.attention_layers_regex(s, val)]]
             for chart, s in {**PER_LAYER, "attention Jacobian": "jacobian"}.items()
+        },
+        CLOSED[2]: {
+            "gradient norm per block, all kinds" + LOG_HINT: [
+                "Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
         },
     }
     return layout

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import Normalizer
-from study.callbacks.base import tensorboard_writers, write_scalars
+from study.callbacks.base import due, last_step, tensorboard_writers, write_scalars
 
 
 def normalizer_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -60,7 +60,7 @@ class NormalizerParameterMonitor(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step - 1  # the optimizer step that just happened
-        if step % self.every_n_steps or not trainer.is_global_zero:
+        if not due(step, self.every_n_steps, last_step(trainer)) or not trainer.is_global_zero:
             return
         params = normalizer_parameters(pl_module)
         if not params:

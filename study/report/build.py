@@ -32,6 +32,7 @@ from study.report.stats import (
     tests_something,
 )
 from study.report.summary import Summary, dedupe, share_baselines, summarize
+from study.report.tensorboard import write_report_events
 
 WANTED_TAGS = (
     sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.GRAD_NORM, sources.GRAD_Q, sources.GRAD_K,
@@ -88,10 +89,11 @@ def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None =
 def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
-    not_counted: list[Summary] | None = None, probe_figure: str | None = None,
+    not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
-    findings may use; ``not_counted`` the unfinished or failed ones, listed apart."""
+    findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
+    words (`markdown.plain_summary` of report.json's data) that opens it."""
     not_counted = not_counted or []
     found, family = judgement or judged(summaries, probe)
     states = run_states(all_runs, not_counted)
@@ -107,6 +109,7 @@ def report_text(
         + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
         + f". Source: `{source}`.",
         "",
+        *(["## In plain words", "", plain, ""] if plain else []),
         "## Scorecard",
         "",
         "One row per tested claim: the paper's value, ours with its interval, the verdict, and the experiment it "
@@ -143,6 +146,8 @@ def report_text(
         "",
         *probe_section(probe, probe_figure),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
+        "",
+        md.PER_T_NOTE,
         "",
         "Step 0 is the frozen model under the new T, validated before the first update (BaselineValidation); "
         "training is read as the change from it.",
@@ -232,14 +237,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     judgement = judged(primary, probe, load_analysis(sweep_dir))
-    text = report_text(
-        title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
-    )
     lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
-    if lr_curves is not None:
-        text += "\n" + lr_curves.markdown
-    path = out / "report.md"
-    write_text_atomically(path, text)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
@@ -248,5 +246,16 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     data["excess_slopes"] = excess_json(primary)
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
+    text = report_text(
+        title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
+        plain=(plain := md.plain_summary(data)),
+    )  # fmt: skip
+    if lr_curves is not None:
+        text += "\n" + lr_curves.markdown
+    path = out / "report.md"
+    write_text_atomically(path, text)
     write_text_atomically(out / "report.json", json.dumps(data, indent=1) + "\n")
+    # the same summary, scorecard and figures in TensorBoard (Text and Images of the run "report")
+    drawn = [name for name in [*made, probe_figure] if name and (out / name).is_file()]
+    write_report_events(out, plain, scorecard_markdown(data["scorecard"], data["family"]), drawn)
     return path

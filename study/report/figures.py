@@ -1,4 +1,9 @@
-"""The report's figures. Each function draws one file and returns its caption, or None when nothing was logged."""
+"""The report's figures. Each function draws one file and returns its caption, or None when nothing was logged.
+
+The figures draw the runs the findings use: the main arm (`findings.main_arm`, the sweep's most common optimizer
+and learning rate). Runs of other arms (an SGD learning-rate bracket) are never averaged in: they get their own
+figure (`arms`). Every caption says which runs it draws (`drawn`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import numpy as np
 from study.report import sources
 from study.report import summary as S
 from study.report.atomic import write_atomically
-from study.report.findings import ONE_OVER_T, k_all, layer_slopes, per_t
+from study.report.findings import ONE_OVER_T, k_all, layer_slopes, main_arm, per_t
+from study.report.stats import fmt
 from study.report.summary import Summary
 
 STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1))]
@@ -38,6 +44,17 @@ def _k_order(summaries: list[Summary]) -> list[str]:
     return sorted({s.k_label for s in summaries}, key=lambda k: math.inf if k == "all" else int(k))
 
 
+def drawn(runs: list[Summary]) -> str:
+    """Which runs a figure draws, for its caption: "main arm (adamw, lr 3e-05): 18 runs"."""
+    if not runs:
+        return "no runs"
+    arms = sorted({(s.optimizer, s.learning_rate) for s in runs}, key=str)
+    if len(arms) == 1:
+        optimizer, lr = arms[0]
+        return f"{optimizer}, lr {fmt(lr)}: {len(runs)} runs"
+    return f"{len(runs)} runs of {len(arms)} optimizer/learning-rate arms"
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     try:
@@ -47,14 +64,19 @@ def _save(fig, path: Path) -> None:
 
 
 def curves(summaries: list[Summary], out: Path) -> str | None:
+    """Training loss and validation perplexity against step, one line per run; the legend names each (T, k) once
+    (the seeds share its colour and line style)."""
     plt = _plt()
     temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, tag in zip(axes, (sources.TRAIN_LOSS, sources.VAL_PPL)):
+        named: set[tuple[float, str]] = set()
         for s in summaries:
             series = s.series(tag)
             if series:
-                label = f"T={s.temperature:g} k={s.k_label} s={s.seed}"
+                setting = (s.temperature, s.k_label)
+                label = None if setting in named else f"T={s.temperature:g} k={s.k_label}"
+                named.add(setting)
                 ls = STYLES[ks.index(s.k_label) % len(STYLES)]
                 # a marker on every point of a short series: one validation per run is one point, which a line
                 # alone does not draw
@@ -64,9 +86,11 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
         ax.set_xlabel("step")
         ax.set_title(tag)
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=6, ncol=2, loc="upper right")
+    if axes[1].get_legend_handles_labels()[0] or axes[0].get_legend_handles_labels()[0]:
+        (axes[1] if axes[1].get_legend_handles_labels()[0] else axes[0]).legend(fontsize=7, ncol=2, loc="upper right")
     _save(fig, out / "curves.png")
-    return f"{sources.TRAIN_LOSS} and {sources.VAL_PPL} per run (colour: T, line style: k)"
+    return (f"{sources.TRAIN_LOSS} and {sources.VAL_PPL} per run (colour: T, line style: k; one line per seed); "
+            f"{drawn(summaries)}")
 
 
 def sensitivity(summaries: list[Summary], out: Path) -> str | None:
@@ -103,7 +127,7 @@ def sensitivity(summaries: list[Summary], out: Path) -> str | None:
     ax2.legend(fontsize=7)
     _save(fig, out / "sensitivity_vs_T.png")
     return ("gradient and Jacobian norms vs T (left, one point per run) beside the saturated rows and how close rows "
-            "come to the entrywise bound 1/(4T) (right)")
+            f"come to the entrywise bound 1/(4T) (right); k = all, {drawn(runs)}")
 
 
 def layer_sensitivity(summaries: list[Summary], out: Path) -> str | None:
@@ -121,7 +145,8 @@ def layer_sensitivity(summaries: list[Summary], out: Path) -> str | None:
            title="per-layer gradient sensitivity to T (k = all, main arm)")  # fmt: skip
     ax.legend(fontsize=7)
     _save(fig, out / "layer_sensitivity.png")
-    return "per-layer slope of each gradient norm against T, by depth (green: the 1/T band)"
+    return ("per-layer slope of each gradient norm against T, by depth (green: the 1/T band); k = all, "
+            f"{drawn(k_all(summaries))}")
 
 
 def dilution(summaries: list[Summary], out: Path) -> str | None:
@@ -147,7 +172,8 @@ def dilution(summaries: list[Summary], out: Path) -> str | None:
         unique = dict(zip(labels, handles))
         a.legend(unique.values(), unique.keys(), fontsize=7)
     _save(fig, out / "dilution_vs_n.png")
-    return "Lemma 1 in training: validation max weight and H / log n vs visible keys n, one line per run (k = all)"
+    return ("Lemma 1 in training: validation max weight and H / log n vs visible keys n, one line per run; k = all, "
+            f"{drawn([s for s, _, _ in data])}")
 
 
 def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
@@ -165,36 +191,71 @@ def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
         ax.set_title(sources.ATTENTION_TAGS[tag], fontsize=9)
     axes[0][0].legend(fontsize=7)
     _save(fig, out / "attention_vs_T.png")
-    return "final validation entropy and distance to uniform vs T (mean over seeds)"
+    return f"final validation entropy and distance to uniform vs T (mean over seeds); {drawn(summaries)}"
 
 
 def stability(summaries: list[Summary], out: Path) -> str | None:
+    """Loss spikes, divergences and (when any run clips) clipped steps per T. With clipping off in every run the
+    clipped-steps panel is left out (the caption says so) rather than drawn empty."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    panels = (
+    panels = [
         (f"loss spikes above {S.SPIKE_FACTOR} x running median (sum)", lambda s: s.values.get(S.SPIKES), sum),
         ("diverged runs", lambda s: float(s.diverged), sum),
-        ("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean),
-    )
+    ]
     clipping_off = all(s.clip is None for s in summaries)
+    if not clipping_off:
+        panels.append(("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4))
     for ax, (title, value, reduce) in zip(axes, panels):
         data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
-        if title.startswith("fraction of clipped") and clipping_off:
-            data, note = {}, "clipping off in every run\n(trainer.gradient_clip_val: null)"
-        else:
-            note = "not logged"
         if data:
             ax.bar(range(len(data)), list(data.values()))
             ax.set_xticks(range(len(data)), [f"{t:g}" for t in data])
             if not any(data.values()):  # bars of height 0 are invisible: say so
                 ax.text(0.5, 0.5, f"0 at every T ({len(summaries)} runs)", ha="center", transform=ax.transAxes)
         else:
-            ax.text(0.5, 0.5, note, ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "not logged", ha="center", transform=ax.transAxes)
             ax.set_xticks([])
         ax.set_xlabel("temperature T")
         ax.set_title(title, fontsize=9)
     _save(fig, out / "stability_vs_T.png")
-    return "loss spikes, divergences and clipped steps vs T (all k)"
+    clip_note = "; clipping off in every run (no clipped-steps panel)" if clipping_off else ""
+    return f"loss spikes and divergences vs T (all k){clip_note}; {drawn(summaries)}"
+
+
+def arms(summaries: list[Summary], out: Path) -> str | None:
+    """The runs beside the main arm (an SGD learning-rate bracket), on their own: final val/ppl vs T, one marker per
+    (optimizer, learning rate), a cross where the run diverged, with the main arm's geometric mean for reference."""
+    main = main_arm(summaries)
+    kept = {id(s) for s in main}
+    others = [s for s in summaries if id(s) not in kept]
+    if not others:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    finite = [p for s in summaries if not s.diverged and (p := s.final.get(sources.VAL_PPL)) and math.isfinite(p)]
+    ceiling = max(finite) * 3 if finite else 10.0  # where a diverged run's cross is drawn
+    main_ppl = per_t([s for s in main if not s.diverged], lambda s: s.final.get(sources.VAL_PPL))
+    if main_ppl:
+        ax.plot(list(main_ppl), [float(np.exp(np.mean(np.log(v)))) for v in main_ppl.values()], "k-", lw=1.5,
+                label=f"main arm ({drawn(main)}), geometric mean")
+    cells = sorted({(s.optimizer, s.learning_rate or 0.0) for s in others})
+    for (optimizer, lr), marker in zip(cells, "osD^v<>p*h"):
+        cell = [s for s in others if (s.optimizer, s.learning_rate or 0.0) == (optimizer, lr)]
+        ok = [(s.temperature, p) for s in cell if not s.diverged and (p := s.final.get(sources.VAL_PPL))]
+        bad = [s.temperature for s in cell if s.diverged]
+        label = f"{optimizer} lr {fmt(lr)}"
+        line = ax.plot(*zip(*ok), marker=marker, ls="", ms=7, label=label)[0] if ok else None
+        if bad:
+            color = line.get_color() if line is not None else None
+            ax.plot(bad, [ceiling] * len(bad), marker="x", ls="", ms=9, mew=2, color=color,
+                    label=f"{label}: diverged" if ok else f"{label} (diverged)")
+    ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="final val/ppl",
+           title="arms beside the main grid (x: diverged, drawn at the top)")  # fmt: skip
+    ax.legend(fontsize=7)
+    _save(fig, out / "arms.png")
+    return (f"the other arms on their own: final val/ppl vs T per optimizer and learning rate (x: diverged), "
+            f"{len(others)} runs, beside the main arm's geometric mean")
 
 
 def _one_format(values: np.ndarray) -> str:
@@ -237,11 +298,12 @@ def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
     ax.set(xlabel="top-k", ylabel="temperature T", title="final val/ppl, geometric mean over seeds (colour: log10)")
     fig.colorbar(im, ax=ax)
     _save(fig, out / "ppl_heatmap.png")
-    return "final validation perplexity, T x k (geometric mean over seeds; div = every seed diverged)"
+    return f"final validation perplexity, T x k (geometric mean over seeds; div = every seed diverged); {drawn(summaries)}"
 
 
 def normalizers(summaries: list[Summary], out: Path) -> str | None:
-    """Final val/ppl, H/log n and gradient norm vs T, one line per normaliser (mean over k and seeds)."""
+    """Final val/ppl, H/log n and gradient norm vs T, one line per normaliser (median over k and seeds; main arm)."""
+    summaries = main_arm(summaries)
     plt = _plt()
     names = sorted({s.normalizer for s in summaries})
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -261,11 +323,13 @@ def normalizers(summaries: list[Summary], out: Path) -> str | None:
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=7)
     _save(fig, out / "normalizers.png")
-    return "final val/ppl, H/log n and gradient norm vs T per normaliser"
+    return f"final val/ppl, H/log n and gradient norm vs T per normaliser (median over k and seeds); {drawn(summaries)}"
 
 
 def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
-    """Every figure of the softmax runs; {file: caption} for those drawn."""
+    """Every figure of the softmax runs; {file: caption} for those drawn. Each draws the main arm only; the other
+    arms get `arms.png`."""
+    main = main_arm(summaries)
     made = {}
     for name, draw in (
         ("curves.png", curves),
@@ -276,7 +340,10 @@ def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
         ("stability_vs_T.png", stability),
         ("ppl_heatmap.png", ppl_heatmap),
     ):
-        caption = draw(summaries, out)
+        caption = draw(main, out)
         if caption:
             made[name] = caption
+    caption = arms(summaries, out)
+    if caption:
+        made["arms.png"] = caption
     return made

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -35,42 +36,76 @@ def sanity_table(checks: list[SanityCheck]) -> str:
     return table(["statement (true by mathematics)", "measured", "result"], [[c.statement, c.value, status[c.passed]] for c in checks])
 
 
-def _cell(values: list[float]) -> str:
-    """Mean with its t-interval from MIN_REPLICATES runs on, the plain mean (n) below that."""
+def _cell(values: list[float | None], log: bool = False) -> str:
+    """A descriptive cell over runs: the mean with its t-interval from MIN_REPLICATES runs on, on the scale the
+    quantity lives on (``log``: the geometric mean with the interval of the mean log, for positive quantities that
+    span decades, whose linear interval would run below zero); runs that all gave the same value are that value with
+    their count (a zero-width interval says nothing); fewer runs give the plain mean with n."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return "-"
+    if max(values) == min(values):
+        return f"{fmt(values[0])} (all {len(values)} equal)" if len(values) > 1 else f"{fmt(values[0])} (n=1)"
+    if log and min(values) > 0:
+        logs = [math.log(v) for v in values]
+        try:
+            iv = mean_interval(logs)
+        except TooFew:
+            return f"{fmt(math.exp(float(np.mean(logs))))} (n={len(values)})"
+        return f"{fmt(math.exp(iv.estimate))} [{fmt(math.exp(iv.lo))}, {fmt(math.exp(iv.hi))}]"
     try:
         return str(mean_interval(values))
     except TooFew:
         return f"{fmt(float(np.mean(values)))} (n={len(values)})"
 
 
+def _count_cell(events: int, n: int) -> str:
+    """Events out of n runs with the exact (Clopper-Pearson) interval of the fraction: 0 of 3 reads
+    "0/3 [0, 0.708]", the same bound a finding gives, never a zero-width "0 [0, 0]"."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return "-"
+    ci = binomtest(events, n).proportion_ci(confidence_level=CONFIDENCE, method="exact")
+    return f"{events}/{n} [{fmt(ci.low, 3)}, {fmt(ci.high, 3)}]"
+
+
+PER_T_NOTE = (
+    f"Cells: the mean over seeds with its {percent(CONFIDENCE)} t-interval; columns marked (geometric) are positive "
+    "quantities that span decades: the geometric mean with the interval of the mean log, mapped back. A value that "
+    "every run gave alike is shown once with its count (no interval: no spread); fewer than "
+    f"{MIN_REPLICATES} runs give the mean with n. Unstable runs: events/runs with the exact (Clopper-Pearson) "
+    f"{percent(CONFIDENCE)} interval of the fraction."
+)
+
+
 def per_t_table(summaries: list[Summary]) -> str:
-    """One row per T over the k = all softmax runs: means over seeds with their intervals."""
+    """One row per T over the k = all softmax runs of the main arm: means over seeds with their intervals, on the
+    quantity's own scale (`_cell`), and the unstable runs as a count with its exact interval."""
     runs = k_all(main_arm(summaries))
-    columns: list[tuple[str, Callable[[Summary], float | None]]] = [
-        ("step-0 val/loss", lambda s: s.values.get(S.VAL_LOSS_BASELINE)),
-        ("final val/loss", lambda s: None if s.diverged else s.final.get(sources.VAL_LOSS)),
-        ("change from step 0", lambda s: _change(s)),
-        ("\\|grad W_q,W_k\\|", lambda s: s.values.get(S.GRAD_QK)),
-        ("Jacobian", lambda s: s.values.get(S.JACOBIAN)),
-        ("largest entry x 4T", lambda s: s.values.get(S.ENTRY_RATIO)),
-        ("rows near 1/(4T)", lambda s: s.values.get(S.NEAR_QUARTER)),
-        ("saturated (sampled)", lambda s: s.values.get(S.SATURATED)),
-        ("saturated (all val rows)", lambda s: s.final.get(sources.SATURATED_ROWS)),
-        (f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
-        (f"selection TV (k={sources.SELECTION_K}, val)", lambda s: s.final.get(sources.VAL_SELECTION_TV)),
-        ("max logit (val)", lambda s: s.final.get(sources.MAX_LOGIT)),
-        ("sink rate (val)", lambda s: s.final.get(sources.SINK_RATE)),
-        ("unstable", lambda s: float(s.unstable)),
+    columns: list[tuple[str, Callable[[Summary], float | None], bool]] = [
+        ("step-0 val/loss", lambda s: s.values.get(S.VAL_LOSS_BASELINE), False),
+        ("final val/loss", lambda s: None if s.diverged else s.final.get(sources.VAL_LOSS), False),
+        ("change from step 0", lambda s: _change(s), False),
+        ("final val/ppl (geometric)", lambda s: None if s.diverged else s.final.get(sources.VAL_PPL), True),
+        ("\\|grad W_q,W_k\\| (geometric)", lambda s: s.values.get(S.GRAD_QK), True),
+        ("Jacobian (geometric)", lambda s: s.values.get(S.JACOBIAN), True),
+        ("largest entry x 4T", lambda s: s.values.get(S.ENTRY_RATIO), False),
+        ("rows near 1/(4T)", lambda s: s.values.get(S.NEAR_QUARTER), False),
+        ("saturated (sampled)", lambda s: s.values.get(S.SATURATED), False),
+        ("saturated (all val rows)", lambda s: s.final.get(sources.SATURATED_ROWS), False),
+        (f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL), False),
+        (f"selection TV (k={sources.SELECTION_K}, val)", lambda s: s.final.get(sources.VAL_SELECTION_TV), False),
+        ("max logit (val)", lambda s: s.final.get(sources.MAX_LOGIT), False),
+        ("sink rate (val)", lambda s: s.final.get(sources.SINK_RATE), False),
     ]
     rows = []
     for t in sorted({s.temperature for s in runs}):
         group = [s for s in runs if s.temperature == t]
-        cells = [_cell([value(s) for s in group]) for _, value in columns]
-        rows.append([f"{t:g}", str(len(group)), str(sum(s.diverged for s in group)), *cells])
-    return table(["T", "runs", "diverged", *[name for name, _ in columns]], rows)
+        cells = [_cell([value(s) for s in group], log) for _, value, log in columns]
+        unstable = _count_cell(sum(s.unstable for s in group), len(group))
+        rows.append([f"{t:g}", str(len(group)), str(sum(s.diverged for s in group)), *cells, unstable])
+    return table(["T", "runs", "diverged", *[name for name, _, _ in columns], "unstable runs [exact CI]"], rows)
 
 
 def _change(s: Summary) -> float | None:
@@ -182,3 +217,45 @@ def definitions() -> str:
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
         "See docs/findings.md for each finding's null, statistic and rule."
     )
+
+
+VERDICT_ORDER = ("supported", "not supported", "inconclusive", "descriptive")
+VERDICT_WORDS = {
+    "supported": "Supported by these runs",
+    "not supported": "Not what these runs show",
+    "inconclusive": "Undecided (the interval straddles the rule, or too few runs)",
+    "descriptive": "Measured, not tested (the paper states a bound there, not a rate)",
+}
+
+
+def plain_summary(data: dict) -> str:
+    """The opening of report.md in plain words, generated from report.json's data (`scorecard.report_json`): how
+    many runs, how many claims came out which way, and each claim under its verdict with the paper's value and ours
+    (estimate and interval). The README's scorecard is written from the same JSON."""
+    runs = data.get("runs") or {}
+    findings = data.get("findings") or []
+    family = data.get("family") or {}
+    count = ", ".join(f"{n} {state}" for state, n in sorted(runs.items()))
+    by_verdict: dict[str, list[dict]] = {}
+    for f in findings:
+        by_verdict.setdefault(f.get("verdict", "?"), []).append(f)
+    tally = ", ".join(f"{len(by_verdict[v])} {v}" for v in [*VERDICT_ORDER, *sorted(set(by_verdict) - set(VERDICT_ORDER))]
+                      if v in by_verdict)  # fmt: skip
+    level = family.get("level")
+    lines = [
+        f"{sum(runs.values())} runs ({count}); {len(findings)} claims judged: {tally}"
+        + (f", every interval at {percent(level)} so that all cover together with probability >= "
+           f"{percent(family.get('confidence', CONFIDENCE))}." if level else "."),
+    ]  # fmt: skip
+    for verdict in [*VERDICT_ORDER, *sorted(set(by_verdict) - set(VERDICT_ORDER))]:
+        if verdict not in by_verdict:
+            continue
+        lines += ["", f"**{VERDICT_WORDS.get(verdict, verdict)}:**", ""]
+        for f in by_verdict[verdict]:
+            iv = f.get("interval")
+            ours = (f"{fmt(iv['estimate'], 3)} [{fmt(iv['lo'], 3)}, {fmt(iv['hi'], 3)}]" if iv
+                    else f.get("value", "-").split(";")[0])  # fmt: skip
+            paper = f.get("paper_value") or "-"
+            claim = re.sub(r"^(\d+)\.", r"\1\\.", f.get("claim", "?"))  # "5. ..." in a bullet is not a numbered list
+            lines.append(f"- {claim}: paper {paper}, ours {ours} ({f.get('experiment') or '-'}).")
+    return "\n".join(lines)

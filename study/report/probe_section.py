@@ -76,5 +76,6 @@ def section(probe: dict | None, figure: str | None = None) -> list[str]:
                   table(["layer"] + [KIND_NAMES[k] for k in slopes], rows), ""]  # fmt: skip
     if figure:
         lines += [f"![probe slopes per layer]({figure})", ""]
-    lines += ["The probe's own figure (curves against T, Hessian, fp32/fp64): `../probe/probe.png`.", ""]
+    what = "the probe's own figure: curves against T, Hessian, fp32/fp64"
+    lines += [f"![{what}](../probe/probe.png)", ""]  # shown, not linked
     return lines

@@ -181,13 +181,16 @@ class SweepProgress:
             "skipped (already " + state + ")" if skipped else f"{state} in {status.get('duration_s', 0):.1f}s"
         )
         extra = []
-        if status.get("global_step") is not None:
+        reason = status.get("reason") if state != "finished" else None
+        # one step number per event: a reason that names its step ("... at step 3") stands for the run's step count
+        # (the guard's step was not applied, yet Lightning counted it: "step 4 ... at step 3" read as two events)
+        if status.get("global_step") is not None and not (reason and " at step " in reason):
             extra.append(f"step {status['global_step']}")
         ppl = (status.get("metrics") or {}).get(tags.VAL_PPL)
         if ppl is not None:
             extra.append(f"{tags.VAL_PPL} {ppl:.4g}")
-        if status.get("reason") and state != "finished":
-            extra.append(status["reason"])
+        if reason:
+            extra.append(reason)
         eta = self.eta()
         line = (
             f"[{self.done}/{self.total}] {run.name}: {detail}"

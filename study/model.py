@@ -63,6 +63,11 @@ class CausalLMModule(L.LightningModule):
             (`<sweep>/hparams.json`, `study.hparams`), which `study sweep` passes.
         hparams_session: write this run's HParams session (its settings and metrics as a row of the HParams table).
             A sweep's pretraining run sets False: it is the base of the sweep's runs, not one of its settings.
+        gradient_checkpointing: activation checkpointing by transformers' own mechanism
+            (``gradient_checkpointing_enable``, non-reentrant): each decoder layer's activations are recomputed in
+            the backward pass instead of kept, for long contexts (more time, much less memory; docs/performance.md).
+            Losses and gradients are unchanged, and the monitors see each attention call once per step
+            (`study.attention.tap`). A model without transformers' support for it is an error.
 
     Example:
         >>> from study.attention import AttentionSpec
@@ -92,6 +97,7 @@ class CausalLMModule(L.LightningModule):
         min_lr_ratio: float = 0.1,
         hparams_experiment: bool | str = True,
         hparams_session: bool = True,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if trainable not in TRAINABLE:
@@ -133,6 +139,8 @@ class CausalLMModule(L.LightningModule):
         apply_attention_spec(self.model, attention)
         if trainable == "attention":
             freeze_all_but_attention(self.model)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.attention = attention
         self.val_loss = MeanMetric()
 
@@ -219,6 +227,17 @@ def freeze_all_but_attention(model: torch.nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no attention modules to train")
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Transformers' activation checkpointing, non-reentrant: it needs no input that requires a gradient (frozen
+    embeddings under ``trainable="attention"``), keeps each layer's RNG state for dropout, and nests with the
+    blockwise attention path's own checkpoints."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient_checkpointing=True: {type(model).__name__} does not support transformers' "
+                         "gradient checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # a key/value cache is incompatible with it (transformers warns and turns it off)
 
 
 # The former name: configs, imports and checkpoints that say GPT2Module keep working.

@@ -1,8 +1,8 @@
-"""Benchmarks of the paper analyses (study.analysis) on this machine.
+"""Benchmarks of the paper analyses (study.frozen.analysis) on this machine.
 
     python scripts/bench_analysis.py oracle [--length 512] [--repeats 5] [--threads 1]
         Theorem 1 for one causal head (d both readings, bound, closed-form E; N = 5, D = 64): the vectorised
-        path against the per-row loop oracle (study.analysis.reference). Prints medians of the repeats and
+        path against the per-row loop oracle (study.frozen.analysis.reference). Prints medians of the repeats and
         their ratio. The oracle is single-threaded numpy, so torch runs with --threads 1 by default (a fair
         comparison; on a shared, loaded 2-core machine two torch threads also slow small ops down by up to 100x).
     python scripts/bench_analysis.py protocol [--length 1024] [--layers 12] [--analyse-layers all] [--threads 1]
@@ -21,7 +21,7 @@ import torch
 
 
 def bench_oracle(length: int, repeats: int, oracle_rows: int | None) -> dict:
-    from study.analysis.protocol import benchmark_against_oracle
+    from study.frozen.analysis.protocol import benchmark_against_oracle
 
     runs = [benchmark_against_oracle(length, oracle_rows=oracle_rows, seed=0) for _ in range(repeats)]
     vec = statistics.median(r["vectorised_s"] for r in runs)
@@ -35,7 +35,7 @@ def bench_oracle(length: int, repeats: int, oracle_rows: int | None) -> dict:
 def bench_protocol(length: int, n_layer: int, analyse_layers: list[int] | None, device: str) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from study.analysis import analyze
+    from study.frozen.analysis import analyze
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=n_layer, n_head=12, n_embd=768, n_positions=1024)).eval().to(device)

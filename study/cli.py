@@ -30,9 +30,9 @@ VERBS: dict[str, str] = {
     "test": "study.fit",
     "sweep": "study.sweep",
     "report": "study.report",
-    "analyze": "study.analysis.command",
+    "analyze": "study.frozen.analysis.command",
     "bench": "study.bench",
-    "probe": "study.probe.command",
+    "probe": "study.frozen.probe.command",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # Verbs with a --verbose of their own (the sweep's shows every run's output live); it also shows tracebacks.

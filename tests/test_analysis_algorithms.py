@@ -1,4 +1,4 @@
-"""Vectorised analyses against the per-row, per-N, per-token loop oracles (study.analysis.reference)."""
+"""Vectorised analyses against the per-row, per-N, per-token loop oracles (study.frozen.analysis.reference)."""
 
 import math
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from study.analysis import reference as R
-from study.analysis.critical import critical_n
-from study.analysis.dilution import dilution_stats
-from study.analysis.distance import distance_stats
-from study.analysis.gradient import gradient_sensitivity
-from study.analysis.separability import separability_stats
+from study.frozen.analysis import reference as R
+from study.frozen.analysis.critical import critical_n
+from study.frozen.analysis.dilution import dilution_stats
+from study.frozen.analysis.distance import distance_stats
+from study.frozen.analysis.gradient import gradient_sensitivity
+from study.frozen.analysis.separability import separability_stats
 from study.metrics import softmax_jacobian_norm
 
 

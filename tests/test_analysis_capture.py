@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from study.analysis.capture import capture_attention
+from study.frozen.analysis.capture import capture_attention
 
 
 def _gpt2_config():
@@ -110,8 +110,8 @@ def test_capture_under_blockwise_attention_equals_the_dense_one():
 @pytest.mark.parametrize("spec", [None, "sparsemax", "top_k"])
 def test_weights_in_row_blocks_equal_one_piece(monkeypatch, spec):
     """Above WEIGHTS_IN_ONE_PIECE scores a layer's weights are normalised a block of rows at a time."""
-    from study.analysis import capture as capture_module
     from study.attention import AttentionSpec, apply_attention_spec
+    from study.frozen.analysis import capture as capture_module
 
     torch.manual_seed(5)
     model = GPT2LMHeadModel(_gpt2_config()).eval()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from study.analysis.command import main
 from study.attention import AttentionSpec
+from study.frozen.analysis.command import main
 from tests.conftest import tiny_gpt2_config
 
 WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
@@ -133,7 +133,7 @@ def test_bad_analysis_names_fail_before_the_model_loads(tmp_path, capsys):
 def test_verb_is_registered():
     from study.cli import VERBS
 
-    assert VERBS["analyze"] == "study.analysis.command"
+    assert VERBS["analyze"] == "study.frozen.analysis.command"
 
 
 def test_windows_are_independent_replicates_from_the_text(saved, tmp_path):

@@ -6,8 +6,14 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from study.analysis import analyze, capture_attention, dilution_stats, distance_stats, gradient_sensitivity
 from study.attention import AttentionSpec, apply_attention_spec, tapping
+from study.frozen.analysis import (
+    analyze,
+    capture_attention,
+    dilution_stats,
+    distance_stats,
+    gradient_sensitivity,
+)
 from tests.conftest import tiny_gpt2_config
 
 

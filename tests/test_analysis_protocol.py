@@ -9,7 +9,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from study.analysis import analyze, benchmark_against_oracle, capture_attention, distance_stats, write_outputs
+from study.frozen.analysis import (
+    analyze,
+    benchmark_against_oracle,
+    capture_attention,
+    distance_stats,
+    write_outputs,
+)
 
 GPT2 = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64)
 LLAMA = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -136,9 +142,9 @@ def test_results_json_layout_is_unchanged(gpt2_results):
 def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
     """A new analysis needs only its `Analysis` in `table.ANALYSES`: the runner, results.json, the CSV, the
     claims and TensorBoard pick it up in table order."""
-    from study.analysis import table
-    from study.analysis.outputs import write_tensorboard
-    from study.analysis.registration import Analysis, stack_layers
+    from study.frozen.analysis import table
+    from study.frozen.analysis.outputs import write_tensorboard
+    from study.frozen.analysis.registration import Analysis, stack_layers
 
     def diagonal(settings, layer):  # mean weight on the diagonal (the query's own key), per head
         return {"diagonal": layer.weights.diagonal(dim1=-2, dim2=-1).mean((0, 2))}

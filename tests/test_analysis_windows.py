@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from study.analysis import analyze, capture_attention
-from study.analysis.dilution import fixed_query_dilution
-from study.analysis.gradient import saturated_rows
-from study.analysis.windows import allocate, sample_windows
+from study.frozen.analysis import analyze, capture_attention
+from study.frozen.analysis.dilution import fixed_query_dilution
+from study.frozen.analysis.gradient import saturated_rows
+from study.frozen.analysis.windows import allocate, sample_windows
 
 GPT2 = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64)
 SMALL = dict(lengths=[8, 16, 32], temperatures=[0.01, 0.05, 0.1, 1.0, 10.0], mc_samples=0, spectral_rows=4)

@@ -52,8 +52,8 @@ def test_zeroed_queries_with_top_k_attend_to_the_first_k_visible_keys():
 
 
 def test_analyses_rank_ties_by_position_like_attention():
-    from study.analysis.rows import top_ranks
     from study.attention import top_k_indices
+    from study.frozen.analysis.rows import top_ranks
 
     a = torch.tensor([[0.25, 0.1, 0.25, 0.25, 0.15, 0.0], [0.2] * 5 + [0.0]])
     visible = torch.tensor([[True] * 6, [True] * 5 + [False]])

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from study.analysis.command import AnalyzeError, read_text
 from study.cli import main
 from study.data import TextDataModule, text_problem
+from study.frozen.analysis.command import AnalyzeError, read_text
 from tests.test_cli import fit_args
 
 

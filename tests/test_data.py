@@ -117,7 +117,7 @@ def test_analyze_finds_the_auto_tokenizer_of_a_scratch_checkpoint(text_files, tm
     """`data.tokenizer: auto` without a loaded model is corpus-bpe: `study analyze` rebuilds it from its cache."""
     import yaml
 
-    from study.frozen import checkpoint_tokenizer
+    from study.frozen.load import checkpoint_tokenizer
 
     train, val = text_files
     data = dict(tokenizer="auto", source="files", train_files=[train], val_files=[val], vocab_size=300,

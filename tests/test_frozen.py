@@ -1,10 +1,10 @@
-"""`study.frozen`: text windows spread across documents, and the text checks every frozen-model command shares."""
+"""`study.frozen.load`: text windows spread across documents, and the text checks every frozen-model command shares."""
 
 from __future__ import annotations
 
 import pytest
 
-from study.frozen import FrozenInputError, check_seq_len, documents, read_text, text_windows
+from study.frozen.load import FrozenInputError, check_seq_len, documents, read_text, text_windows
 
 
 def words(text: str, add_special_tokens: bool = False) -> dict:

@@ -30,8 +30,6 @@ LAYERS: dict[str, int] = {
     "study.model": 3,
     "study.fit": 4,
     "study.frozen": 4,
-    "study.analysis": 5,
-    "study.probe": 5,
     "study.report": 5,
     "study.bench": 6,
     "study.sweep": 6,

@@ -166,7 +166,7 @@ def test_fuller_smollm2_sweep_parses():
 def test_the_probe_section_passes_the_probes_own_checks(quick):
     """The `probe:` section (and its quick override, merged key by key) gives `study probe` arguments it accepts:
     a quick grid that drops a T the full section's fp64 or Hessian list names failed the quick pipeline's probe."""
-    from study.probe.command import build_parser, check_numbers
+    from study.frozen.probe.command import build_parser, check_numbers
 
     plan = build_plan(MAIN, quick=quick)
     check_numbers(build_parser().parse_args(plan.probe))

@@ -326,7 +326,7 @@ class DoubledSoftmax(Normalizer):
 
 
 def test_registered_normaliser_works_in_spec_attend_model_and_analysis():
-    from study.analysis import analyze, capture_attention
+    from study.frozen.analysis import analyze, capture_attention
 
     register_normalizer(DoubledSoftmax)
     register_normalizer(DoubledSoftmax)  # the same class again: a no-op

@@ -233,7 +233,7 @@ def test_study_analyze_accepts_a_gguf_and_names_the_output_after_it(tmp_path, mo
     """`study analyze --model <short name | gguf>` goes through `resolve_model` (here: a tiny gguf)."""
     import json
 
-    from study.analysis.command import main
+    from study.frozen.analysis.command import main
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)

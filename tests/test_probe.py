@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from study import probe
+from study.frozen import probe
 from tests.conftest import tiny_gpt2_config, tiny_llama_config
 
 WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
@@ -55,7 +55,7 @@ def args_for(model, text, out, *extra):
 
 
 def windows_of(tok, text_file, count=3, seq_len=16):
-    from study.frozen import documents, text_windows
+    from study.frozen.load import documents, text_windows
 
     return text_windows(tok, documents(str(text_file)), count, seq_len).ids
 
@@ -129,8 +129,8 @@ def test_single_layer_gradient_is_that_layers_own_with_t_lowered_there_only(tmp_
     """Brute force: T lowered in layer 0 only (`AttentionSpec.layers`), a full backward, that layer's W_q/W_k
     gradient; the probe's single-layer number (backward stopped at that layer) is the same, in fp32 and fp64."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
-    from study.probe import measure
-    from study.probe.jacobian import ExplicitPath
+    from study.frozen.probe import measure
+    from study.frozen.probe.jacobian import ExplicitPath
 
     folder = save_tiny(tmp_path, text_file, arch)
     model, tok = probe.load_model(str(folder))
@@ -154,9 +154,9 @@ def test_batched_windows_give_each_windows_own_gradients(tmp_path, text_file, ar
     """Brute force: one backward per window (batch size 1) with every weight's gradient formed; the probe's batched
     per-window norms (ghost norms, the residual stream, the token embedding tied with the LM head) are the same."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
+    from study.frozen.probe import measure
+    from study.frozen.probe.jacobian import ExplicitPath
     from study.metrics import block_index, fused_qkv_split, parameter_kind
-    from study.probe import measure
-    from study.probe.jacobian import ExplicitPath
 
     folder = save_tiny(tmp_path, text_file, arch)
     model, tok = probe.load_model(str(folder))
@@ -199,9 +199,9 @@ def test_hessian_power_iteration_matches_the_exact_restricted_hessian_at_low_t(t
     from torch.func import functional_call, hessian
 
     from study.attention import AttentionSpec, apply_attention_spec, tapping
-    from study.probe.gradients import qk_masks
-    from study.probe.hessian import hessian_qk
-    from study.probe.jacobian import ExplicitPath
+    from study.frozen.probe.gradients import qk_masks
+    from study.frozen.probe.hessian import hessian_qk
+    from study.frozen.probe.jacobian import ExplicitPath
 
     folder = save_tiny(tmp_path, text_file, "llama", hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
                        num_hidden_layers=1, intermediate_size=8)  # fmt: skip
@@ -230,7 +230,7 @@ def test_hessian_power_iteration_matches_the_exact_restricted_hessian_at_low_t(t
 def test_power_iteration_does_not_overflow_float32():
     """At T = 0.01 the W_q/W_k Hessian of a 135 M model has entries near 1e19: their squares overflow float32, and a
     plain sqrt(sum h^2) normalisation read the Hessian as 0.0. Here a float32 operator with eigenvalues +-1e21."""
-    from study.probe.hessian import power_iteration, safe_norm
+    from study.frozen.probe.hessian import power_iteration, safe_norm
 
     gen = torch.Generator().manual_seed(0)
     basis, _ = torch.linalg.qr(torch.randn(64, 64, generator=gen, dtype=torch.float64))
@@ -250,7 +250,7 @@ def test_power_iteration_does_not_overflow_float32():
 
 
 def test_bad_input_fails_before_loading_the_model(tmp_path, text_file, monkeypatch, capsys):
-    from study.probe import command
+    from study.frozen.probe import command
 
     def never(name):
         raise AssertionError("the model was loaded")
@@ -352,9 +352,9 @@ def test_the_window_collector_lets_every_hooked_tensor_go(tiny_causal_lm):
     import weakref
 
     from study.attention import tapping
-    from study.probe.jacobian import ExplicitPath
-    from study.probe.measure import num_layers
-    from study.probe.windows import window_gradients, window_losses
+    from study.frozen.probe.jacobian import ExplicitPath
+    from study.frozen.probe.measure import num_layers
+    from study.frozen.probe.windows import window_gradients, window_losses
 
     batch = torch.randint(60, (2, 12), generator=torch.Generator().manual_seed(0))
     layers = num_layers(tiny_causal_lm)
@@ -380,7 +380,7 @@ def test_the_probe_loop_keeps_no_tensor_alive_across_temperatures(tmp_path, text
     """The per-T loop of `study probe` (every layer, one layer alone, the Hessian): after the first T, further
     temperatures leave no more tensors alive than it did. The collector's gradient hooks point back at it, so
     tensors it kept past its backward would pile up, one forward's activations per T."""
-    from study.probe import measure
+    from study.frozen.probe import measure
 
     folder = save_tiny(tmp_path, text_file, arch)
     model, tok = probe.load_model(str(folder))

@@ -299,7 +299,7 @@ def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
 
 def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_change(tmp_path, monkeypatch):
     """`analyze:` runs `study analyze` once; the same arguments reuse results.json, other arguments replace it."""
-    import study.analysis.command as command
+    import study.frozen.analysis.command as command
     from study.sweep.frozen_steps import frozen_steps, run_in_process
 
     def run_analyze(plan):

@@ -7,7 +7,7 @@ so the tap can reduce them to per-head numbers at once. Nothing holds all layers
 When no tap is open, attention runs its fast path untouched: a step that does not log costs nothing extra.
 
 A tap that also defines ``observe_inputs(layer, inputs)`` receives the call's `AttentionInputs` (queries, keys,
-values, scaling, spec, normaliser): the paper's analyses (`study.analysis.capture_attention`) record those to
+values, scaling, spec, normaliser): the paper's analyses (`study.frozen.analysis.capture_attention`) record those to
 recompute logits at other temperatures. Monitors need only ``observe``.
 
 A tap whose ``observe`` only sums over rows may set ``row_blocks = True``: `attend`'s blockwise path

@@ -29,7 +29,7 @@ What is measured, in ONE process:
   its allocation/free events (the most tensor memory live at once during the step, above what was live before
   it), plus the bytes that live across steps (parameters, buffers, AdamW state). Monitor variants are profiled on
   a logging step (their peak).
-- Analysis speed: `study.analysis.protocol.benchmark_against_oracle` (vectorised Theorem-1 statistics vs the per-row
+- Analysis speed: `study.frozen.analysis.protocol.benchmark_against_oracle` (vectorised Theorem-1 statistics vs the per-row
   loop oracle), repeated, median.
 - On a GPU also tokens/s (always reported) and model FLOPs utilisation: ``6 * params * tokens/s / peak_flops``
   (all parameters, embeddings included; attention's own L^2 FLOPs are left out, as in the usual 6ND estimate).

@@ -24,7 +24,7 @@ from study.resident import in_fresh_process
 
 
 def analysis_speed(settings: Settings) -> list[dict]:
-    from study.analysis.protocol import benchmark_against_oracle
+    from study.frozen.analysis.protocol import benchmark_against_oracle
 
     rows = []
     for L in settings.analysis_lengths:

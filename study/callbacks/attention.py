@@ -145,7 +145,7 @@ class SelectionUniformityMonitor(TapMonitor):
 
     Not logged: the geometric separability N_s/N of the paper's Theorem 2. It needs each key's value vector
     x_i and the attention output s = sum a_i x_i, and a tap only sees the weights; measure it offline
-    (`study.analysis`) on a frozen model instead.
+    (`study.frozen.analysis`) on a frozen model instead.
 
     Args:
         every_n_steps: tap and log every this many optimizer steps.

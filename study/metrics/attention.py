@@ -14,7 +14,7 @@ Conventions (used by the elementwise functions and by the reductions alike):
 * Rows that do not sum to 1 (Self-Adjust Softmax, whose "plain" variant has negative weights) become
   distributions by `as_distribution`, |w| / sum |w|: the weight's magnitude says where the row looks. This is the
   project's one convention: the monitors apply it to such normalisers before every distribution statistic
-  (`study.callbacks.base.row_distribution`), and the analyses' entropy (`study.analysis.dilution`) applies it
+  (`study.callbacks.base.row_distribution`), and the analyses' entropy (`study.frozen.analysis.dilution`) applies it
   to every row (for rows that already sum to 1 it changes nothing but rounding). A row of zeros stays zero
   (entropy 0). Each statistic is then computed by one function here (`row_entropy` for the entropy, also
   inside the reductions), so the same weights give the same number in training and in the analyses.

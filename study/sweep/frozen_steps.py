@@ -76,11 +76,11 @@ def frozen_steps(plan: Plan) -> list[FrozenStep]:
     steps = []
     if plan.probe:
         out = plan.sweep_dir / "probe"
-        steps.append(FrozenStep("probe", "the probe", "study.probe.command", plan.probe, out / "probe.json",
+        steps.append(FrozenStep("probe", "the probe", "study.frozen.probe.command", plan.probe, out / "probe.json",
                                 lambda result: result.get("argv"), log=out / "probe.log", lock_dir=plan.sweep_dir))  # fmt: skip
     if plan.analyze:
         out = plan.sweep_dir / "analyze"
-        steps.append(FrozenStep("analyze", "the analysis", "study.analysis.command", plan.analyze,
+        steps.append(FrozenStep("analyze", "the analysis", "study.frozen.analysis.command", plan.analyze,
                                 out / "results.json", lambda result: (result.get("source") or {}).get("argv"),
                                 log=plan.sweep_dir / "analyze.log", lock_dir=plan.sweep_dir, replace=out))  # fmt: skip
     return steps

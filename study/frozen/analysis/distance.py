@@ -1,6 +1,6 @@
 """Theorem 1 (Algorithms 1 and 2): the distance between the full and the top-N context vector, per row and N.
 
-The row conventions (shapes, NaN where undefined, one ranking per row, chunks) are in `study.analysis.rows`.
+The row conventions (shapes, NaN where undefined, one ranking per row, chunks) are in `study.frozen.analysis.rows`.
 """
 
 from __future__ import annotations

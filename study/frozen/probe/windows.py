@@ -94,7 +94,7 @@ def window_gradients(model: nn.Module, batch: Tensor, layers: int, residual: boo
                      embedding: bool = True) -> Iterator[WindowNorms]:  # fmt: skip
     """While open, a forward of ``batch`` (B windows) and ``found.backward(mean of the windows' losses)`` fill the
     yielded `WindowNorms` for every weight that requires a gradient."""
-    from study.probe.gradients import blocks
+    from study.frozen.probe.gradients import blocks
 
     found = WindowNorms(batch.shape[0], layers)
     handles = []

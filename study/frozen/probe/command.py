@@ -5,7 +5,7 @@
                 [--single-layers 0 15 29] [--fp64-windows 2 --fp64-temperatures 0.001 0.01]
                 [--hessian-iterations 10 --hessian-temperatures ...] [--quiet] --out logs/probe
 
-No training. The replicates are independent text windows (`study.frozen.text_windows`: windows of --seq-len
+No training. The replicates are independent text windows (`study.frozen.load.text_windows`: windows of --seq-len
 tokens spread across the held-out plays or documents, batch size 1), the same windows at every T. For each T:
 
 * T in every layer: the loss; the gradient norms of W_q and W_k (the parameters of the attention logits; GPT-2's
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from study.probe.gradients import ProbeError
+from study.frozen.probe.gradients import ProbeError
 
 DEFAULT_TEMPERATURES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 FP64_BELOW = 0.01  # the fp64 reference's default temperatures: the grid's T at or below this
@@ -101,7 +101,7 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     """Everything that can be checked without the weights; returns the text's documents."""
-    from study.frozen import FrozenInputError, check_seq_len, config_context, documents, model_kind
+    from study.frozen.load import FrozenInputError, check_seq_len, config_context, documents, model_kind
 
     check_numbers(args)
     try:
@@ -123,8 +123,8 @@ def chosen_layers(args: argparse.Namespace, layers: int) -> list[int]:
 
 
 def load_model(name: str):
-    """The model (fp32, eval) and its tokenizer, by `study.frozen.load_frozen`."""
-    from study.frozen import FrozenInputError, load_frozen
+    """The model (fp32, eval) and its tokenizer, by `study.frozen.load.load_frozen`."""
+    from study.frozen.load import FrozenInputError, load_frozen
 
     try:
         frozen = load_frozen(name, dtype=torch.float32)
@@ -137,8 +137,8 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
               show_progress: bool = False) -> dict:  # fmt: skip
     """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
     ``show_progress``, one report per step with the time left (`study.progress`)."""
-    from study.frozen import FrozenInputError, check_seq_len, context_of, text_windows
-    from study.probe import measure
+    from study.frozen.load import FrozenInputError, check_seq_len, context_of, text_windows
+    from study.frozen.probe import measure
     from study.progress import progress
 
     start = time.perf_counter()
@@ -196,7 +196,7 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
 
 def main(argv: list[str] | None = None) -> int:
     from study.console import silence_library_notices
-    from study.probe.writers import console_lines, write_figure, write_tensorboard
+    from study.frozen.probe.writers import console_lines, write_figure, write_tensorboard
 
     args = build_parser().parse_args(argv)
     silence_library_notices()

@@ -197,7 +197,7 @@ def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, see
                              oracle_rows: int | None = None) -> dict:
     """Time Theorem 1 (d, both readings, bound, closed-form E) for one causal head: vectorised vs loop.
 
-    The loop oracle (study.analysis.reference) is the paper's per-row, per-token style. With `oracle_rows`
+    The loop oracle (study.frozen.analysis.reference) is the paper's per-row, per-token style. With `oracle_rows`
     the oracle runs on that many evenly spaced rows and its time is scaled to all L rows by their cost
     (proportional to the visible count); None runs it on every row. Results are checked to agree.
     """

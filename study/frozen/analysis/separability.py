@@ -1,6 +1,6 @@
 """Theorem 2 (Algorithm 4): geometric separability of the top-N keys, N_s/N with both bounds, per row and N.
 
-The row conventions (shapes, NaN where undefined, one ranking per row, chunks) are in `study.analysis.rows`.
+The row conventions (shapes, NaN where undefined, one ranking per row, chunks) are in `study.frozen.analysis.rows`.
 """
 
 from __future__ import annotations

@@ -106,9 +106,9 @@ def check_numbers(args) -> None:
 
 
 def model_kind(name: str) -> str:
-    """'ckpt', 'dir' or 'hub' (`study.frozen.model_kind`: the same rules as every frozen-model command)."""
-    from study.frozen import FrozenInputError
-    from study.frozen import model_kind as frozen_model_kind
+    """'ckpt', 'dir' or 'hub' (`study.frozen.load.model_kind`: the same rules as every frozen-model command)."""
+    from study.frozen.load import FrozenInputError
+    from study.frozen.load import model_kind as frozen_model_kind
 
     try:
         return frozen_model_kind(name)
@@ -117,9 +117,9 @@ def model_kind(name: str) -> str:
 
 
 def read_text(spec: str, min_chars: int) -> str:
-    """The text (`study.frozen.read_text`: the same checks as every frozen-model command)."""
-    from study.frozen import FrozenInputError
-    from study.frozen import read_text as read_frozen_text
+    """The text (`study.frozen.load.read_text`: the same checks as every frozen-model command)."""
+    from study.frozen.load import FrozenInputError
+    from study.frozen.load import read_text as read_frozen_text
 
     try:
         return read_frozen_text(spec, min_chars=min_chars)
@@ -155,8 +155,8 @@ def fresh_dir(path: Path) -> Path:
 
 
 def load_model_and_tokenizer(args, kind: str):
-    """(model, tokenizer), by `study.frozen.load_frozen`: the model in eval mode on args.device."""
-    from study.frozen import FrozenInputError, load_frozen
+    """(model, tokenizer), by `study.frozen.load.load_frozen`: the model in eval mode on args.device."""
+    from study.frozen.load import FrozenInputError, load_frozen
 
     try:
         frozen = load_frozen(args.model, tokenizer=args.tokenizer, device=args.device)
@@ -198,8 +198,8 @@ def run(args) -> Path:
     from .protocol import analyze
 
     check_numbers(args)
-    from study.frozen import config_context as frozen_context
-    from study.frozen import is_tokenizer_dir
+    from study.frozen.load import config_context as frozen_context
+    from study.frozen.load import is_tokenizer_dir
     from study.pretrained import EMBEDDED_MODELS, resolve_model
 
     named = args.model

@@ -1,7 +1,0 @@
-"""`study probe`: attention-logit gradients, the attention Jacobian and the W_q/W_k Hessian against the temperature
-on a frozen model, per layer and one layer at a time, with an fp64 reference (see `study.probe.command`)."""
-
-from study.probe.command import DEFAULT_TEMPERATURES, build_parser, load_model, main, run_probe
-from study.probe.gradients import ProbeError
-
-__all__ = ["DEFAULT_TEMPERATURES", "ProbeError", "build_parser", "load_model", "main", "run_probe"]

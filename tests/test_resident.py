@@ -45,3 +45,15 @@ def test_a_function_in_a_fresh_process_reports_its_peak_above_the_imports():
     assert 280 * MB < resident["max_rss_bytes"] - resident["base_rss_bytes"] < 400 * MB
     with pytest.raises(ChildFailed, match="the measured function failed"):
         in_fresh_process(fail)
+
+
+def test_the_sweep_console_names_each_runs_peak_resident_memory():
+    from types import SimpleNamespace
+
+    from study.sweep.pool import SweepProgress
+
+    progress = SweepProgress(total=2)
+    run = SimpleNamespace(name="T0.1_s0")
+    line = progress.update(run, {"state": "finished", "duration_s": 61.0, "global_step": 14, "max_rss_bytes": 2.21e9})
+    assert "(step 14; peak 2.2 GB)" in line
+    assert "peak" not in progress.update(run, {"state": "finished", "max_rss_bytes": 2.21e9}, skipped=True)

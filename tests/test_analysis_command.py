@@ -51,7 +51,7 @@ def test_analyze_saved_model_dir_writes_outputs(saved, tmp_path, capsys):
     assert res["choices"]["layers"] == [1] and res["choices"]["lengths"] == [16, 32]
     assert res["source"]["model_kind"] == "dir"
     assert {row.split(",")[2] for row in (out / "per_head.csv").read_text().splitlines()[1:]} == {"1"}
-    assert "| verdict |" in capsys.readouterr().out
+    assert "| claim (paper) | paper | measured |" in capsys.readouterr().out
     # A second run never overwrites the first: it gets a suffix.
     first = (out / "results.json").read_text()
     assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),

@@ -31,15 +31,19 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     plan = build_plan(MAIN)
     arm = [r for r in plan.runs if r.params["optimizer"] == "sgd"]
     plan.runs = [r for r in plan.runs if r not in arm]
+    selection = [r for r in plan.runs if r.params["top_k"] is not None]  # the top-k arm: described, not pooled
+    plan.runs = [r for r in plan.runs if r not in selection]
     temperatures = sorted({r.params["temperature"] for r in plan.runs})
     seeds = {r.params["seed"] for r in plan.runs}
-    top_ks = {r.params["top_k"] for r in plan.runs}
     assert len(temperatures) >= 3 and 1 in temperatures
     ratios = [math.log(b / a) for a, b in zip(temperatures, temperatures[1:])]
     assert max(ratios) / min(ratios) < 1.2  # log-spaced
-    assert len(seeds) >= 3
-    assert None in top_ks and 1 not in top_ks  # top-1 is identical across T by construction
-    assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(top_ks) * len(seeds)
+    # the training slopes' replicates, sized from the last run's spread (docs/findings.md#power): at least 6 seeds
+    assert len(seeds) >= 6
+    top_ks = {r.params["top_k"] for r in selection}
+    assert top_ks and 1 not in top_ks  # top-1 is identical across T by construction
+    assert {r.params["temperature"] for r in selection} == set(temperatures)
+    assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(seeds)
     # the instability arm: SGD at the lowest T and T = 1, at 2 learning rates, for the learning-rate bracket
     assert {(r.params["temperature"], r.params["learning_rate"]) for r in arm} == {
         (t, lr) for t in (temperatures[0], 1) for lr in {r.params["learning_rate"] for r in arm}}
@@ -170,3 +174,11 @@ def test_the_probe_section_passes_the_probes_own_checks(quick):
 
     plan = build_plan(MAIN, quick=quick)
     check_numbers(build_parser().parse_args(plan.probe))
+
+
+def test_long_training_sweep_parses():
+    """The 200-step design the gap and drift rows need: the main settings, 3 seeds, the fixed held-out batch."""
+    plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-long.yaml")
+    assert {r.params["temperature"] for r in plan.runs} == {0.01, 0.1, 1} and len(plan.runs) == 9
+    assert all(r.params["top_k"] is None for r in plan.runs) and len({r.params["seed"] for r in plan.runs}) >= 3
+    assert all("--trainer.max_steps=200" in r.args for r in plan.runs)

@@ -15,6 +15,7 @@ from study.report.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     SUPPORTED,
+    UNDERPOWERED,
     Interval,
     Rule,
     TooFew,
@@ -106,22 +107,50 @@ def test_selection_drift_finding():
     assert F.drift_finding(none).verdict == NOT_SUPPORTED
 
 
-def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
+def test_runs_that_share_a_seed_are_one_replicate():
+    """Clustered data: 3 seeds x 3 T, every run of a seed sharing a seed effect (its data) ten times larger than the
+    run's own noise, the true drift 0. Pooling the 9 runs as independent covers far below 95%; the seed as the unit
+    (F.per_seed_means, what drift_finding uses) covers at least the floor the report's intervals are held to."""
+    rng = np.random.default_rng(29)
+    pooled = by_seed = 0
+    draws = 1000
+    for _ in range(draws):
+        effects = rng.normal(0.0, 0.1, len(SEEDS))
+        runs = [run(t, s, selection_drift=float(effects[s] + rng.normal(0.0, 0.01))) for t in TEMPS for s in SEEDS]
+        naive = mean_interval([r.values[S.SELECTION_DRIFT] for r in runs])
+        unit = mean_interval(F.per_seed_means(runs, lambda r: r.values[S.SELECTION_DRIFT]), what="seeds")
+        pooled += naive.lo <= 0.0 <= naive.hi
+        by_seed += unit.lo <= 0.0 <= unit.hi
+    assert by_seed / draws >= 0.93
+    assert pooled / draws < 0.85  # the check can fail: pseudo-replication is caught
+    finding = F.drift_finding(runs)
+    assert finding.interval.n == len(SEEDS) and "over seeds" in finding.statistic
+
+
+def test_instability_finding_can_fail_and_too_few_runs_are_underpowered():
     def runs(low_spikes, ref_spikes, state_low="finished"):
         return [run(0.01, s, spikes=low_spikes[s], state=state_low) for s in SEEDS] + [
             run(1.0, s, spikes=ref_spikes[s]) for s in SEEDS
         ]
 
     # every low-T run unstable, no reference run: 3 of 3 against 0 of 3 is not evidence at 95% (exact intervals,
-    # as Fisher's exact test); 10 of 10 against 0 of 10 is
-    assert F.instability_finding(runs([2, 1, 3], [0, 0, 0])).verdict == INCONCLUSIVE
-    assert F.instability_finding(runs([0, 0, 0], [0, 0, 0], state_low="diverged")).verdict == INCONCLUSIVE
+    # as Fisher's exact test); 10 of 10 against 0 of 10 is. Three runs a group could not have decided: underpowered,
+    # with the runs per group that would at the observed fractions.
+    three = F.instability_finding(runs([2, 1, 3], [0, 0, 0]))
+    assert three.verdict == UNDERPOWERED and "needs about" in three.value and "runs per group" in three.value
+    # 1 - 0.0125^(1/n) <= 0.25 (each group's exact interval at 97.5%, 3 of 3 against 0 of 3 scaled): n = 16
+    needed = int(three.value.split("needs about ")[1].split()[0])
+    assert needed == 16
+    steps = [run(0.01, s, spikes=1) for s in range(needed)] + [run(1.0, s, spikes=0) for s in range(needed)]
+    assert F.instability_finding(steps).verdict == SUPPORTED  # as many as it said decide it
+    assert F.instability_finding(runs([0, 0, 0], [0, 0, 0], state_low="diverged")).verdict == UNDERPOWERED
     ten = [run(0.01, s, spikes=1) for s in range(10)] + [run(1.0, s, spikes=0) for s in range(10)]
     assert F.instability_finding(ten).verdict == SUPPORTED
     zero = F.instability_finding(runs([0, 0, 0], [0, 0, 0]))
-    assert zero.verdict == INCONCLUSIVE and "zero events" in zero.value
+    # 0 of n bounds the fraction at 1 - 0.05^(1/n) < 0.25 from n = 11 on (log 0.05 / log 0.75 = 10.4)
+    assert zero.verdict == UNDERPOWERED and "needs about 11 calm runs per group" in zero.value
     # instability at the reference T only: 3 seeds a side cannot exclude +0.25, 12 can
-    assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == INCONCLUSIVE
+    assert F.instability_finding(runs([0, 0, 0], [1, 1, 0])).verdict == UNDERPOWERED
     twelve = [run(0.01, s, spikes=0) for s in range(12)] + [run(1.0, s, spikes=s % 2) for s in range(12)]
     assert F.instability_finding(twelve).verdict == NOT_SUPPORTED
     # Zero events can refute the claim too, given enough runs: 0 of 12 bounds the low-T fraction at 0.22 < 0.25.
@@ -129,7 +158,9 @@ def test_instability_finding_can_fail_and_zero_events_is_inconclusive():
     finding = F.instability_finding(calm)
     assert finding.verdict == NOT_SUPPORTED and "0.2209" in finding.value
     few = F.instability_finding(calm[:8] + calm[12:20])  # 0 of 8: bound 0.31, still allows 0.25
-    assert few.verdict == INCONCLUSIVE and "upper bound 0.3123" in few.value
+    assert few.verdict == UNDERPOWERED and "upper bound 0.3123" in few.value
+    eleven = F.instability_finding(calm[:11] + calm[12:23])  # as many calm runs as the note asks for decide it
+    assert eleven.verdict == NOT_SUPPORTED
     # clipped runs are used only when no unclipped run exists, and the claim says so
     clipped = [run(0.01, s, spikes=1, clip=1.0) for s in SEEDS] + [run(1.0, s, spikes=0, clip=1.0) for s in SEEDS]
     assert "clipped" in F.instability_finding(clipped).claim
@@ -336,3 +367,24 @@ def test_per_layer_table_says_why_it_is_empty():
     table = layer_table(layered(lambda crossed: -1.0))
     assert table.splitlines()[0] == "| layer | low-T layers crossed | slope W_q,W_k | slope W_v |"
     assert table.splitlines()[2].startswith("| 0 | 6 | -1")
+
+
+@pytest.mark.parametrize(("qk_power", "v_power", "specific"), [(-1.0, -0.2, True), (-0.6, -0.6, False)])
+def test_excess_slope_of_wq_wk_over_the_controls(qk_power, v_power, specific):
+    """Per seed and layer, slope(W_q,W_k) - slope(control): -0.8 when the logits add a T-dependence the value path
+    lacks, an interval around 0 when both share it (the depth all parameters cross)."""
+    runs = []
+    for i, t in enumerate(TEMPS):
+        for s in SEEDS:
+            r = run(t, s)
+            jitter = lambda j, s=s, i=i: math.exp(noise(100 * s + 10 * i + j, 0.02))  # noqa: E731
+            r.layer_grads = {"W_q,W_k": {0: t**qk_power * jitter(0), 1: t**qk_power * jitter(1)},
+                             "W_v": {0: t**v_power * jitter(2), 1: t**v_power * jitter(3)},
+                             "W_o": {0: t**v_power * jitter(4), 1: t**v_power * jitter(5)}}  # fmt: skip
+            runs.append(r)
+    excess = F.excess_slopes(runs)
+    assert set(excess) == {"W_v", "W_o"} and set(excess["W_v"]) == {0, 1}
+    for by_layer in excess.values():
+        for iv in by_layer.values():
+            assert iv.n == len(SEEDS) and iv.estimate == pytest.approx(qk_power - v_power, abs=0.03)
+            assert (iv.hi < 0) if specific else (iv.lo <= 0 <= iv.hi)

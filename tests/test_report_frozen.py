@@ -13,7 +13,7 @@ import pytest
 from study.report import frozen as Z
 from study.report.build import judged, report_text
 from study.report.findings import DESCRIPTIVE
-from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, Interval
+from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, UNDERPOWERED, Interval
 
 TEMPS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]
 SEP_NS = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -182,3 +182,45 @@ def test_report_reads_the_sweeps_analyze_results(tmp_path):
     assert "3. critical N* ~ 0.06 L (frozen synthetic" in text and "| descriptive |" in text
     (tmp_path / "analyze" / "results.json").write_text("{broken")
     assert Z.load_analysis(tmp_path) is None
+
+
+def test_frozen_rows_carry_their_interval_at_the_level_their_rule_names():
+    """report.json's frozen rows hold the interval the value shows (ratios on their own scale), and the rule text
+    names the level the interval was computed at (the family's, not a fixed 95%)."""
+    from study.report.stats import percent
+
+    found, family = judged([], None, results())
+    frozen = [f for f in found if f.experiment == "frozen" and f.verdict != "descriptive"]
+    assert len(frozen) == 5
+    for f in frozen:
+        assert f.interval is not None and f.interval.level == pytest.approx(family.level), f.claim
+        assert percent(f.interval.level) in f.rule, (f.claim, f.rule)
+        assert "95%" not in f.rule
+    n_star = next(f for f in found if f.claim.startswith("3. critical N* ~"))
+    assert n_star.interval.lo <= 0.06 <= n_star.interval.hi  # on the ratio's scale, as the value shows it
+    assert n_star.value.startswith(str(n_star.interval))
+
+
+def test_algorithm5_tightness_is_g_times_4t_per_low_t():
+    """g x 4T: 1 where g reaches the entrywise bound 1/(4T); the synthetic g = 0.02 / T gives 0.08 at every T."""
+    found = by_name(Z.frozen_findings(results(noise=0.0)))
+    assert "tightness g x 4T (1 = Corollary 3's bound) 0.001: 0.08, 0.003: 0.08, 0.01: 0.08, 0.03: 0.08" in found["slope"].value
+    tight = Z.tightness([0.001, 0.1, 1.0], [[250.0, 2.5, 0.25]])  # at the bound at 0.001; T >= 0.1 is outside
+    assert tight == {0.001: pytest.approx(1.0)}
+
+
+def test_noisy_frozen_rows_are_underpowered_with_the_windows_that_would_decide_them():
+    noisy = by_name(Z.frozen_findings(results(windows=3, noise=0.6)))
+    assert noisy["separability"].verdict == UNDERPOWERED
+    assert "needs about" in noisy["separability"].value and "text windows" in noisy["separability"].value
+    precise = by_name(Z.frozen_findings(results(windows=20, noise=0.02)))
+    assert precise["separability"].verdict == SUPPORTED
+
+
+def test_n_star_on_one_grid_value_has_no_interval():
+    """Every window at the same N* (a discrete grid): no zero-width interval, no verdict, out of the family."""
+    same = results()
+    same["alg3_critical_n_by_window"]["n_star_over_length"]["0.01"] = [[0.0625] * len(LENGTHS) for _ in range(3)]
+    found = by_name(Z.frozen_findings(same))
+    assert found["n_star"].verdict == INCONCLUSIVE and found["n_star"].interval is None
+    assert "same grid value" in found["n_star"].value

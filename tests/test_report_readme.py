@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from study.report.findings import Finding
-from study.report.readme import BEGIN, END, README, RESULTS, main, render
+from study.report.readme import BEGIN, END, README, RESULTS, begin_marker, main, render
 from study.report.scorecard import report_json
 from study.report.stats import Family, Interval
 from tests.test_sweep import ROOT
@@ -36,7 +36,7 @@ def test_the_script_writes_the_block_and_check_fails_on_a_difference(tmp_path, c
     assert main(["--json", str(path), "--readme", str(page)]) == 0
     text = page.read_text()
     assert text.startswith("# Project\n\nText before.\n\n") and text.endswith(f"{END}\n\nText after.\n")
-    block = text.split(BEGIN + "\n")[1].split("\n" + END)[0]
+    block = text.split(begin_marker(str(path)) + "\n")[1].split("\n" + END)[0]  # the marker names its JSON
     assert block == render(json.loads(path.read_text()), str(path))
     assert "| 5. W_q, W_k gradients grow like 1/T | 1/T (slope -1) | -1.02 [-1.3, -0.74] | supported | probe |" in block
     assert "ours [99.5% CI]" in block and "SmolLM2-135M-Instruct" in block and "18 finished" in block
@@ -99,3 +99,4 @@ def test_the_fuller_studys_page_is_its_committed_results():
         pytest.skip("the fuller study's report is not committed")
     assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (
         "docs/results/smollm2-full.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
+    assert begin_marker("docs/results/smollm2-full.json") in page.read_text()  # not main.json's marker

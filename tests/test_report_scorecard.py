@@ -23,7 +23,7 @@ def finding(claim="5. gradients grow like 1/T", value="-1 [-1.2, -0.8]", paper="
 def test_scorecard_rows_and_markdown():
     rows = scorecard_rows([finding(), finding("6. low T | unstable", "too few: 2 runs", "", "")])
     assert rows[0] == {"claim": "5. gradients grow like 1/T", "paper": "1/T (slope -1)", "ours": "-1 [-1.2, -0.8]",
-                       "verdict": SUPPORTED, "experiment": "probe"}  # fmt: skip
+                       "verdict": SUPPORTED, "experiment": "probe", "family": True}  # fmt: skip
     assert rows[1]["paper"] == "-" and rows[1]["experiment"] == "-"  # an unfilled field shows, it is not hidden
     family = Family(2)
     text = scorecard_markdown(rows, {"level": family.level, "describe": family.describe()})
@@ -31,7 +31,7 @@ def test_scorecard_rows_and_markdown():
     assert lines[0] == "| claim | paper | ours [97.5% CI] | verdict | experiment |"
     assert lines[2] == "| 5. gradients grow like 1/T | 1/T (slope -1) | -1 [-1.2, -0.8] | supported | probe |"
     assert "6. low T \\| unstable" in lines[3]  # a pipe in a claim does not break the table
-    assert "family of 2 findings" in lines[-1] and "97.5%" in lines[-1]
+    assert "family of the 2 findings" in lines[-1] and "97.5%" in lines[-1]
     with pytest.raises(ValueError, match="row 0 .* lacks verdict"):
         scorecard_markdown([{"claim": "x", "paper": "", "ours": "", "experiment": ""}], {"level": 0.95, "describe": ""})
 
@@ -78,8 +78,11 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[:2] == ["## Scorecard", "## Findings"]
     family = data["family"]
-    judged = [f for f in data["findings"] if f["verdict"] != "descriptive"]  # a measurement is not in the family
-    assert family["size"] == len(judged) and len(data["findings"]) == len(data["scorecard"]) and family["size"] >= 6
+    # a measurement, an underpowered row or one without an interval is not in the family
+    judged = [f for f in data["findings"] if f["family"]]
+    assert all(f["verdict"] not in ("descriptive", "underpowered") and f["interval"] for f in judged)
+    assert [r["family"] for r in data["scorecard"]] == [f["family"] for f in data["findings"]]
+    assert family["size"] == len(judged) and len(data["findings"]) == len(data["scorecard"]) and family["size"] >= 1
     assert family["level"] == pytest.approx(1 - 0.05 / family["size"])
     scorecard = text.split("## Scorecard")[1].split("## Findings")[0]
     assert scorecard_markdown(data["scorecard"], family) in scorecard  # the same rows, rendered by the same code
@@ -91,3 +94,16 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     # the findings table's header names the family's level, not 95%
     assert f"value [{100 * family['level']:.4g}% CI]" in text.split("## Findings")[1]
     assert all(row["paper"] != "-" and row["experiment"] in {"training", "probe"} for row in data["scorecard"])
+
+
+def test_rows_outside_the_family_are_marked_and_explained():
+    """An underpowered or interval-less row is marked in the verdict column, with a line saying why; a row from a
+    report.json written before `family` existed renders as before (the README's committed JSON still matches)."""
+    family = {"level": Family(1).level, "describe": Family(1).describe()}
+    inside, outside = scorecard_rows([finding(), finding("6. low T is unstable", "underpowered: needs about 21")])
+    outside["family"], outside["verdict"] = False, "underpowered"
+    text = scorecard_markdown([inside, outside], family)
+    assert "| supported | probe |" in text and "| underpowered† | probe |" in text
+    assert "† Outside the family" in text
+    old = [{k: v for k, v in row.items() if k != "family"} for row in (inside, outside)]
+    assert "†" not in scorecard_markdown(old, family)

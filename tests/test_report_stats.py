@@ -205,3 +205,95 @@ def test_simultaneous_judges_the_family_at_the_bonferroni_level():
     assert "4 findings" in family.describe() and "98.75%" in family.describe()
     with pytest.raises(ValueError, match="size=0"):
         Family(0)
+
+
+# ---- power: rows the design could not decide ----------------------------------------------------------------------
+def sample_with_sd(n: int, mean: float, sd: float) -> np.ndarray:
+    """n values with exactly this mean and sample standard deviation."""
+    z = np.linspace(-1.0, 1.0, n)
+    return mean + sd * (z - z.mean()) / np.std(z, ddof=1)
+
+
+def test_replicates_needed_is_the_smallest_count_whose_t_interval_fits():
+    from study.report.stats import replicates_needed
+
+    iv = mean_interval(sample_with_sd(3, -1.0, 0.4), what="seeds")
+    needed = replicates_needed(iv, 0.25)
+    assert needed is not None and needed > 3
+    # the same spread at the count it names fits the band; one fewer does not (t quantile at n - 1 df, not z)
+    assert mean_interval(sample_with_sd(needed, -1.0, 0.4)).half_width <= 0.25
+    assert mean_interval(sample_with_sd(needed - 1, -1.0, 0.4)).half_width > 0.25
+    with family_level(Family(17)):  # a stricter level needs more
+        strict = replicates_needed(mean_interval(sample_with_sd(3, -1.0, 0.4), what="seeds"), 0.25)
+    assert strict > needed
+    assert replicates_needed(Interval(0.0, -1.0, 1.0, 3), 0.25) is None  # no spread recorded: not a t-interval
+
+
+def test_a_band_rule_is_underpowered_only_when_its_interval_is_wider_than_the_band():
+    from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, UNDERPOWERED, BandRule, decide
+
+    band = BandRule(-1.0, 0.25)
+    wide = mean_interval(sample_with_sd(3, -1.0, 0.4), what="seeds")  # straddles both edges: cannot fit the band
+    verdict, note = decide(band, wide)
+    assert verdict == UNDERPOWERED and note.startswith(f"half-width {wide.half_width:.2g} > band 0.25: needs about ")
+    assert "seeds" in note
+    narrow_straddling = Interval(-0.8, -0.9, -0.7, 10, se=0.04, df=9, per_group=10)  # fits, but crosses -0.75
+    assert decide(band, narrow_straddling) == (INCONCLUSIVE, "")
+    far = Interval(-5.0, -7.0, -3.0, 9, se=0.5, df=4, per_group=3)  # wider than the band but decided: stays decided
+    assert decide(band, far) == (NOT_SUPPORTED, "")
+
+
+def test_a_one_sided_rule_names_the_smallest_effect_its_interval_could_exclude():
+    from study.report.stats import INCONCLUSIVE, UNDERPOWERED, Rule, decide
+
+    rule = Rule(null=0.0, claimed=0.05, direction=1)
+    verdict, note = decide(rule, Interval(0.0, -0.2, 0.2, 3, se=0.05, df=2, per_group=3))
+    assert verdict == UNDERPOWERED and "> the claimed effect 0.05" in note
+    assert "the smallest effect it could exclude is 0.2" in note
+    assert decide(rule, Interval(0.03, -0.01, 0.07, 3, se=0.01, df=2, per_group=3)) == (INCONCLUSIVE, "")
+
+
+def test_underpowered_rows_leave_the_family_and_the_rest_set_its_level():
+    from study.report.stats import UNDERPOWERED, BandRule, decide, tests_something
+
+    band = BandRule(-1.0, 0.25)
+    precise = sample_with_sd(10, -1.0, 0.05)  # decided at any level
+    noisy = sample_with_sd(3, -1.0, 0.4)  # underpowered at any level
+    seen = []
+
+    class Row:
+        def __init__(self, values):
+            self.interval = mean_interval(values, what="seeds")
+            self.verdict = decide(band, self.interval)[0]
+
+    def judge():
+        seen.append(confidence())
+        return [Row(precise), Row(precise), Row(noisy)]
+
+    found, family = simultaneous(judge)
+    assert [r.verdict for r in found] == ["supported", "supported", UNDERPOWERED]
+    assert [tests_something(r) for r in found] == [True, True, False]
+    assert family.size == 2 and seen[-1] == pytest.approx(1 - 0.05 / 2)  # the noisy row does not widen the others
+    assert found[0].interval.level == pytest.approx(1 - 0.05 / 2)
+
+
+def test_the_family_keeps_a_conservative_level_when_a_smaller_one_would_change_its_membership():
+    """A row decidable only at the smaller family's level would make that level too small for its own family: the
+    iteration keeps the larger (earlier) one instead of oscillating."""
+    from study.report.stats import UNDERPOWERED, BandRule, decide
+
+    band = BandRule(0.0, 1.0)
+
+    class Row:
+        def __init__(self, values):
+            self.interval = mean_interval(values)
+            self.verdict = decide(band, self.interval)[0]
+
+    def judge():
+        # the last row's half-width crosses 1 between the level of a family of 1 and of 3
+        return [Row(sample_with_sd(20, 0.0, 0.1)), Row(sample_with_sd(3, 0.9, 0.7)), Row(sample_with_sd(3, 0.0, 0.1))]
+
+    found, family = simultaneous(judge)
+    members = sum(r.verdict != UNDERPOWERED for r in found)
+    assert family.size >= members  # Bonferroni over at least as many rows as test something: never anti-conservative
+    assert all(r.interval.level >= 1 - 0.05 / max(members, 1) for r in found)

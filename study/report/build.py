@@ -13,13 +13,22 @@ from pathlib import Path
 from study.report import markdown as md
 from study.report import sources
 from study.report.figures import figures, normalizers
-from study.report.findings import Finding, depth_statement, findings, main_arm, sanity_checks
+from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
-from study.report.stats import Family, family_level, fmt, simultaneous
+from study.report.stats import (
+    CONFIDENCE,
+    Family,
+    Interval,
+    family_level,
+    fmt,
+    percent,
+    simultaneous,
+    tests_something,
+)
 from study.report.summary import Summary, dedupe, share_baselines, summarize
 
 WANTED_TAGS = (
@@ -66,8 +75,12 @@ def run_states(all_runs: list[Summary], not_counted: list[Summary] | None = None
 
 
 def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None = None) -> tuple[list[Finding], Family]:
-    """The findings (training, probe and frozen-model) as one family, each interval at its Bonferroni level."""
-    return simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
+    """The findings (training, probe and frozen-model) judged together, each interval at the Bonferroni level of the
+    family of rows that test something; each finding's `family` says whether it is one of them."""
+    found, family = simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
+    for f in found:
+        f.family = tests_something(f)
+    return found, family
 
 
 def report_text(
@@ -140,6 +153,7 @@ def report_text(
         "",
         md.layer_table(summaries),
         "",
+        *_excess_section(summaries),
         "## Stability by optimizer and learning rate (softmax, k = all, every arm)",
         "",
         md.stability_table(summaries),
@@ -161,6 +175,35 @@ def report_text(
         parts += ["## Not logged", "", "Not found in any run (no finding uses made-up values): "]
         parts += [", ".join(f"`{t}`" for t in missing), ""]
     return "\n".join(parts)
+
+
+def _excess_section(summaries: list[Summary]) -> list[str]:
+    """The per-layer excess slope of W_q/W_k over W_v and W_o, with intervals over seeds (`excess_slopes`)."""
+    excess = excess_slopes(summaries)
+    if not excess:
+        return []
+    controls = list(excess)
+    layers = sorted({layer for by_layer in excess.values() for layer in by_layer})
+    cell = lambda v: str(v) if isinstance(v, Interval) else "-"  # noqa: E731
+    rows = [[str(layer), *(cell(excess[c].get(layer)) for c in controls)] for layer in layers]
+    return [
+        "### Excess slope of W_q/W_k over the value and output projections, per layer",
+        "",
+        "Per seed, the log-log slope of a layer's |grad W_q,W_k| against T minus that of its |grad W_v| (or W_o): "
+        "the part of the T-dependence that passes through the attention logits, since the controls cross the same "
+        f"low-T layers above them. Mean over seeds [{percent(CONFIDENCE)} t-interval over seeds, each layer on its "
+        "own: a description beside the findings, outside the family]; 0: nothing specific to the logits.",
+        "",
+        md.table(["layer", *(f"W_q,W_k - {c}" for c in controls)], rows),
+        "",
+    ]
+
+
+def excess_json(summaries: list[Summary]) -> dict[str, dict[str, dict | str]]:
+    """`excess_slopes` as report.json data: {control: {layer: interval or why none}}."""
+    return {control: {str(layer): ({"estimate": v.estimate, "lo": v.lo, "hi": v.hi, "n": v.n, "level": v.level}
+                                   if isinstance(v, Interval) else v) for layer, v in by_layer.items()}
+            for control, by_layer in excess_slopes(summaries).items()}  # fmt: skip
 
 
 def _findings_table(found: list[Finding], family: Family) -> str:
@@ -196,5 +239,6 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
+    data["excess_slopes"] = excess_json(primary)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     return path

@@ -29,11 +29,15 @@ from study.report.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     SUPPORTED,
+    UNDERPOWERED,
     BandRule,
     Interval,
     Rule,
     TooFew,
+    calm_runs_needed,
     confidence,
+    decide,
+    events_needed,
     fmt,
     loglog_slope,
     mean_interval,
@@ -62,6 +66,9 @@ class Finding:
     paper_value: str = ""  # what the paper states or measured, for the scorecard ("1/T", "N* ~ 0.06 L")
     experiment: str = ""  # where the number comes from: "frozen", "probe" or "training"
     interval: Interval | None = None  # the interval behind `value` (None: too few replicates), for report.json
+    # Whether the row is in the Bonferroni family (`study.report.stats.tests_something`); set once the family is
+    # judged. Descriptive, underpowered and interval-less rows stay in the table outside it.
+    family: bool = True
 
 
 @dataclass
@@ -111,8 +118,9 @@ def _judge(
     except TooFew as err:
         why = f"too few: {err}"
         return Finding(claim, null, statistic, why, INCONCLUSIVE, rule.describe(), paper_value, experiment)
-    verdict = rule.verdict(interval)
-    return Finding(claim, null, statistic, show(interval), verdict, rule.describe(), paper_value, experiment, interval)
+    verdict, note = decide(rule, interval)
+    value = show(interval) + (f"; {UNDERPOWERED}: {note}" if note else "")
+    return Finding(claim, null, statistic, value, verdict, rule.describe(), paper_value, experiment, interval)
 
 
 def _training(finding: Finding, paper_value: str) -> Finding:
@@ -192,19 +200,33 @@ def dilution_finding(summaries: list[Summary]) -> Finding:
     )
 
 
+def per_seed_means(runs: list[Summary], value: Callable[[Summary], float | None]) -> list[float]:
+    """One value per seed: the mean of `value` over that seed's runs (every T). Runs that share a seed share their
+    data (initialisation draws, batch order, validation texts), so they are not independent replicates; the seeds
+    are (tests/test_report_findings.py simulates the coverage of both readings on clustered data)."""
+    by_seed: dict[int, list[float]] = {}
+    for s in runs:
+        v = value(s)
+        if s.seed is not None and v is not None and math.isfinite(v):
+            by_seed.setdefault(s.seed, []).append(v)
+    return [float(np.mean(vs)) for _, vs in sorted(by_seed.items())]
+
+
 def drift_finding(summaries: list[Summary]) -> Finding:
     runs = k_all(summaries)
-    values = [s.values.get(S.SELECTION_DRIFT) for s in runs]
+    values = per_seed_means(runs, lambda s: s.values.get(S.SELECTION_DRIFT))
 
     def compute() -> Interval:
-        if runs and all(v is None for v in values):
+        if runs and not values:
             raise TooFew(f"{len(runs)} runs, none with 2 logged training points of H(top-k)")
-        return mean_interval(values)
+        return mean_interval(values, what="seeds")
 
     return _training(_judge(
         f"6. the selected set drifts towards uniform over training (fixed k={sources.SELECTION_K})",
         "no change",
-        f"last - first H(top-{sources.SELECTION_K})/log {sources.SELECTION_K} on training steps, mean over runs (all T)",
+        f"last - first H(top-{sources.SELECTION_K})/log {sources.SELECTION_K} on training steps (the training "
+        "batches of those steps, not one held-out batch), per run; mean over each seed's runs (all T), t-interval "
+        "over seeds (the independent unit)",
         DRIFT_RULE,
         compute,
     ), "selection tends to uniform")
@@ -232,18 +254,32 @@ def instability_finding(summaries: list[Summary]) -> Finding:
         if low and ref and not any(s.unstable for s in low + ref):
             # No event to resample: bound each fraction by the exact one-sided upper limit for 0 events in n
             # runs, 1 - alpha^(1/n) (at 95%: about 3/n, "the rule of three"; alpha shrinks in a Bonferroni family).
-            # Enough calm runs bound the difference below the claimed effect (not supported); a few (3 seeds at
-            # 95%: 0.63) leave it inconclusive.
+            # Enough calm runs bound the difference below the claimed effect (not supported); fewer cannot.
             alpha = 1 - confidence()
             upper_low, upper_ref = 1 - alpha ** (1 / len(low)), 1 - alpha ** (1 / len(ref))
-            if upper_low < UNSTABLE_RULE.claimed:
-                return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref), confidence())
-            raise TooFew(f"no unstable run in either group ({len(low)} vs {len(ref)} runs): zero events; the low-T "
-                         f"fraction's {percent(confidence())} upper bound {fmt(upper_low)} still allows the claimed effect")
+            return Interval(0.0, -upper_ref, upper_low, len(low) + len(ref), confidence(), unit="runs per group")
         events_low, events_ref = sum(s.unstable for s in low), sum(s.unstable for s in ref)
-        return proportion_difference_interval(events_low, len(low), events_ref, len(ref))
+        return proportion_difference_interval(events_low, len(low), events_ref, len(ref), what="runs per group")
 
-    return _training(_judge(claim, "equal fractions", statistic, UNSTABLE_RULE, compute), "low T makes training unstable")
+    finding = _training(_judge(claim, "equal fractions", statistic, UNSTABLE_RULE, compute),
+                        "low T makes training unstable")  # fmt: skip
+    iv = finding.interval
+    if iv is not None and finding.verdict in (INCONCLUSIVE, UNDERPOWERED) and not any(s.unstable for s in low + ref):
+        # Zero events: the interval's low-T end is the exact upper bound, which only more calm runs can lower below
+        # the claimed effect (its half-width is not what decides here).
+        finding.verdict = UNDERPOWERED
+        finding.value = (f"no unstable run in either group ({len(low)} vs {len(ref)} runs): the low-T fraction's "
+                         f"{percent(iv.level)} upper bound {fmt(iv.hi)} still allows the claimed "
+                         f"{fmt(UNSTABLE_RULE.claimed)}; {UNDERPOWERED}: needs about "
+                         f"{calm_runs_needed(UNSTABLE_RULE.claimed, iv.level)} calm runs per group")  # fmt: skip
+    elif iv is not None and finding.verdict == UNDERPOWERED:
+        needed = events_needed(sum(s.unstable for s in low), len(low), sum(s.unstable for s in ref), len(ref),
+                               UNSTABLE_RULE.claimed)  # fmt: skip
+        head = finding.value.split(f"; {UNDERPOWERED}")[0]
+        finding.value = (f"{head}; {UNDERPOWERED}: half-width {fmt(iv.half_width, 2)} > the claimed effect "
+                         f"{fmt(UNSTABLE_RULE.claimed)}: needs about {needed or f'more than {len(low)}'} runs per group "
+                         "at the observed fractions")  # fmt: skip
+    return finding
 
 
 def recovery_finding(summaries: list[Summary]) -> Finding:
@@ -344,7 +380,7 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
                 verdict,
                 f"supported if at some learning rate every T={fmt(t_ref)} run is stable and every T={fmt(t_low)} run "
                 "unstable, and at none the reverse; not supported if only the reverse occurs; inconclusive otherwise "
-                "(a bracket on the learning-rate grid, not an interval)",
+                "(a bracket on the learning-rate grid, not an interval: outside the Bonferroni family)",
                 paper_value="low T makes training unstable",
                 experiment="training",
             )
@@ -395,6 +431,39 @@ def depth_trends(runs: list[Summary], group: str) -> list[float]:
         if len(points) >= 3:
             trends.append(float(np.polyfit([p[0] for p in points], [p[1] for p in points], 1)[0]))
     return trends
+
+
+EXCESS_CONTROLS = ("W_v", "W_o")  # the attention projections whose gradients pass no attention-logit derivative
+
+
+def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | str]]:
+    """{control: {layer: the excess T-slope of W_q/W_k's gradient over the control's, or why there is none}}.
+
+    Per seed (its runs share data across T) and layer, the log-log slope of |grad W_q,W_k| against T minus that of
+    |grad control|: the part of the layer's T-dependence that goes through the attention logits (W_v and W_o see
+    the same low-T layers above them, but not d alpha / d logits). Mean over seeds with a t-interval at the level in
+    force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient."""
+    runs = k_all(main_arm(summaries))
+    seeds = sorted({s.seed for s in runs if s.seed is not None})
+    layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
+    out: dict[str, dict[int, Interval | str]] = {}
+    for control in EXCESS_CONTROLS:
+        if not any(s.layer_grads.get(control) for s in runs):
+            continue
+        for layer in layers:
+            per_seed = []
+            for seed in seeds:
+                mine = [s for s in runs if s.seed == seed]
+                temps = [s.temperature for s in mine]
+                qk = loglog_slope(temps, [s.layer_grads.get("W_q,W_k", {}).get(layer) for s in mine])
+                other = loglog_slope(temps, [s.layer_grads.get(control, {}).get(layer) for s in mine])
+                if qk is not None and other is not None:
+                    per_seed.append(qk - other)
+            try:
+                out.setdefault(control, {})[layer] = mean_interval(per_seed, what="seeds")
+            except TooFew as err:
+                out.setdefault(control, {})[layer] = f"too few: {err}"
+    return out
 
 
 def depth_findings(summaries: list[Summary]) -> list[Finding]:

@@ -29,12 +29,16 @@ from study.report.read import read_optional_json
 from study.report.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
+    UNDERPOWERED,
     BandRule,
     Interval,
     TooFew,
+    confidence,
+    decide,
     fmt,
     loglog_slope,
     mean_interval,
+    percent,
     slope_interval,
 )
 
@@ -50,7 +54,7 @@ HIGH_T = 1.0  # the drop is measured to the first T >= 1
 class RangeRule:
     """An equivalence claim, "the quantity is about x": an interval of plausible values [low, high].
 
-    supported      the 95% interval lies inside [low, high];
+    supported      the interval (at the family's level) lies inside [low, high];
     not supported  it lies entirely outside (`side` says which way);
     inconclusive   it straddles an edge, or there is no interval.
     With ``log`` the interval is on the natural log of the quantity (ratios: judged and averaged as logs).
@@ -71,6 +75,13 @@ class RangeRule:
     def verdict(self, interval: Interval | None) -> str:
         return self._band().verdict(interval)
 
+    def decisive_half_width(self) -> float:
+        return self._band().width
+
+    def margin(self) -> str:
+        scale = "log " if self.log else ""
+        return f"the range's {scale}half-width {fmt(self._band().width, 3)}"
+
     def side(self, interval: Interval | None) -> str:
         if self.verdict(interval) != NOT_SUPPORTED:
             return ""
@@ -78,7 +89,7 @@ class RangeRule:
 
     def describe(self) -> str:
         scale = " (on a log scale)" if self.log else ""
-        return (f"supported if the 95% interval lies within [{fmt(self.low)}, {fmt(self.high)}]{scale}, not supported "
+        return (f"supported if the {percent(confidence())} interval lies within [{fmt(self.low)}, {fmt(self.high)}]{scale}, not supported "
                 "if it lies entirely outside that range")
 
 
@@ -98,8 +109,14 @@ def _model(results: dict) -> str:
     return str((results.get("source") or {}).get("model") or (results.get("model") or {}).get("name_or_path") or "?")
 
 
+def _exp_interval(interval: Interval) -> Interval:
+    """A log-scale interval on the quantity's own scale (a ratio), for display and report.json."""
+    return Interval(math.exp(interval.estimate), math.exp(interval.lo), math.exp(interval.hi), interval.n,
+                    interval.level, unit=interval.unit)  # fmt: skip
+
+
 def _exp(interval: Interval) -> str:
-    return str(Interval(math.exp(interval.estimate), math.exp(interval.lo), math.exp(interval.hi), interval.n))
+    return str(_exp_interval(interval))
 
 
 def _judge(claim: str, null: str, statistic: str, rule, compute: Callable[[], Interval], show=str) -> Finding:
@@ -109,8 +126,10 @@ def _judge(claim: str, null: str, statistic: str, rule, compute: Callable[[], In
     except TooFew as err:
         return Finding(claim, null, statistic, f"too few: {err}", INCONCLUSIVE, rule.describe())
     side = rule.side(interval)  # which way a value outside the claimed range lies
-    return Finding(claim, null, statistic, show(interval) + (f" ({side})" if side else ""), rule.verdict(interval),
-                   rule.describe())
+    verdict, note = decide(rule, interval)
+    value = show(interval) + (f" ({side})" if side else "") + (f"; {UNDERPOWERED}: {note}" if note else "")
+    shown = _exp_interval(interval) if show is _exp else interval  # report.json holds what the value shows
+    return Finding(claim, null, statistic, value, verdict, rule.describe(), interval=shown)
 
 
 def _frozen(finding: Finding, paper_value: str) -> Finding:
@@ -126,11 +145,22 @@ def _n_star_logs(block: dict, alpha: float) -> tuple[list[float], int]:
     return [math.log(1.0 if row[-1] is None else row[-1]) for row in per_window], never
 
 
+def on_a_grid(values: list[float]) -> list[float]:
+    """Values read off the N grid (N* and what is computed from it): when every window gives the same one, there
+    is no spread to build an interval from. A zero-width t-interval would claim a precision the grid does not
+    have (the true N* lies anywhere up to the next grid step), so there is no interval: a finer N grid or more
+    windows would decide it."""
+    if len(values) >= 2 and len(set(values)) == 1:
+        raise TooFew(f"every one of the {len(values)} text windows gave the same grid value, no spread for an "
+                     "interval (the N grid's step bounds it): a finer N grid would decide it")  # fmt: skip
+    return values
+
+
 def n_star_finding(results: dict) -> Finding:
     block = results["alg3_critical_n_by_window"]
     length = block["lengths"][-1]
     logs, never = _n_star_logs(block, ALPHA)
-    compute = lambda: mean_interval(logs, what=WHAT)  # noqa: E731
+    compute = lambda: mean_interval(on_a_grid(logs), what=WHAT)  # noqa: E731
     finding = _judge(
         f"3. critical N* ~ 0.06 L (frozen {_model(results)}, L={length}, KS alpha={ALPHA})",
         "N*/L outside [0.03, 0.12] (not about 0.06)",
@@ -221,6 +251,17 @@ def _g_levels(results: dict) -> tuple[list[float], list[list[float]]]:
     return temps, [[row[ti][0] for ti in range(len(temps))] for row in g]
 
 
+def tightness(temps: list[float], g: list[list[float]]) -> dict[float, float]:
+    """{T: geometric mean over windows of g(T) x 4T} for T < LOW_T: how close Algorithm 5's measured sensitivity
+    comes to the entrywise bound 1/(4T) of Corollary 3 (the paper calls it close to the theoretical limit)."""
+    out = {}
+    for ti, t in enumerate(temps):
+        values = [w[ti] * 4 * t for w in g if w[ti] is not None and w[ti] > 0]
+        if t < LOW_T and values:
+            out[t] = float(np.exp(np.mean(np.log(values))))
+    return out
+
+
 def gradient_slope_finding(results: dict) -> Finding:
     temps, g = _g_levels(results)
     low = [ti for ti, t in enumerate(temps) if t < LOW_T]
@@ -231,10 +272,14 @@ def gradient_slope_finding(results: dict) -> Finding:
         f"5. gradient sensitivity g follows 1/T for T < {LOW_T:g} (frozen {_model(results)}, Algorithm 5)",
         "an exponent outside -1 +- 0.25",
         f"log-log slope of g(T) (eps={eps:g}, token-averaged, max over heads) against T < {LOW_T:g}: geometric "
-        "mean over text windows per T, paired bootstrap over windows",
+        "mean over text windows per T; one slope per text window (the same windows at every T), t-interval over "
+        "windows",
         SLOPE_BAND,
         compute,
     )
+    if tight := tightness(temps, g):
+        finding.value += "; tightness g x 4T (1 = Corollary 3's bound) " + ", ".join(
+            f"{fmt(t)}: {fmt(v, 3)}" for t, v in tight.items())  # fmt: skip
     saturated = results["alg5_gradient_by_window"].get("saturated_fraction")
     if low and saturated:
         t0 = low[0]

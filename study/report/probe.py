@@ -2,8 +2,8 @@
 
 The finding is the paper's per-layer claim, tested one layer at a time: with T lowered in that layer only, its
 own W_q/W_k gradient grows like 1/T. Its slope is fitted on the grid's T <= `REGIME_MAX_T` (the low-temperature
-regime, where the paper states that the sensitivity follows 1/T), with a paired bootstrap over the independent
-text windows (the same windows at every T), and judged by `SINGLE_LAYER_RULE`, two-sided. Where the fp64 reference
+regime, where the paper states that the sensitivity follows 1/T), one slope per independent text window and a
+t-interval over windows (the same windows at every T), and judged by `SINGLE_LAYER_RULE`, two-sided. Where the fp64 reference
 ran inside that regime and an fp32 gradient differs from it by more than `FP64_TOLERANCE`, the verdict is
 "numerically unreliable". With T lowered in every layer the slopes are described (per layer and parameter type,
 and against depth), not judged: they measure how gradients compound through depth, not the claim.
@@ -16,12 +16,22 @@ from pathlib import Path
 
 import numpy as np
 
-from study.report.stats import INCONCLUSIVE, BandRule, Interval, TooFew, fmt, loglog_slope, slope_interval
+from study.report.stats import (
+    INCONCLUSIVE,
+    UNDERPOWERED,
+    UNRELIABLE,
+    BandRule,
+    Interval,
+    TooFew,
+    decide,
+    fmt,
+    loglog_slope,
+    slope_interval,
+)
 
 SINGLE_LAYER_RULE = BandRule(claimed=-1.0, width=0.25)
 REGIME_MAX_T = 0.1  # the verdict's regime: the grid's T <= this
 FP64_TOLERANCE = 0.05  # |fp32 / fp64 - 1| above this makes a gradient numerically unreliable
-UNRELIABLE = "numerically unreliable"
 KIND_NAMES = {"attn_qk": "W_q, W_k", "attn_v": "W_v", "attn_out": "W_o", "mlp": "MLP", "residual": "residual stream"}
 FIGURE = "probe_layers.png"
 
@@ -80,13 +90,16 @@ def single_layer_findings(probe: dict | None) -> list[dict]:
         statistic = (f"log-log slope of layer {entry['layer']}'s |grad W_q, W_k| vs T in that layer only, "
                      f"T <= {fmt(REGIME_MAX_T)}, one slope per text window, t-interval over windows")  # fmt: skip
         try:
-            interval = slope_interval(levels, what="windows", paired=True)
+            interval = slope_interval(levels, what="text windows", paired=True)
         except TooFew as err:
             out.append(finding(claim, statistic, f"too few: {err}", INCONCLUSIVE, SINGLE_LAYER_RULE.describe(), None))
             continue
-        verdict, value = SINGLE_LAYER_RULE.verdict(interval), str(interval)
+        verdict, note = decide(SINGLE_LAYER_RULE, interval)
+        value = str(interval)
         if side := SINGLE_LAYER_RULE.side(interval):
             value += f" ({side})"
+        if note:
+            value += f"; {UNDERPOWERED}: {note}"
         low = min(levels)
         sat = next((r["jacobian"].get("saturated_fraction") for r in results if float(r["temperature"]) == low), None)
         if sat is not None:

@@ -21,7 +21,9 @@ from study.report.scorecard import SCHEMA, scorecard_markdown
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "main.json"
 README = ROOT / "README.md"
-BEGIN = "<!-- scorecard: written by scripts/readme_results.py from docs/results/main.json; do not edit by hand -->"
+MARKER = "<!-- scorecard: written by scripts/readme_results.py from "  # then the source JSON, then MARKER_END
+MARKER_END = "; do not edit by hand -->"
+BEGIN = f"{MARKER}docs/results/main.json{MARKER_END}"  # the README's: the main job's report
 END = "<!-- /scorecard -->"
 REQUIRED = ("schema", "title", "runs", "family", "scorecard")
 
@@ -60,16 +62,24 @@ def render(data: dict[str, Any], source: str = "docs/results/main.json") -> str:
     )
 
 
-def splice(text: str, block: str, name: str = "README.md") -> str:
-    """`text` with the lines between BEGIN and END replaced by `block`."""
-    begins, ends = text.count(BEGIN), text.count(END)
-    if begins != 1 or ends != 1:
-        raise ReadmeError(f"{name}: needs exactly one {BEGIN!r} and one {END!r} line (found {begins} and {ends})")
-    if text.index(END) < text.index(BEGIN):
+def begin_marker(source: str) -> str:
+    """The opening marker line naming the JSON the block below it is rendered from."""
+    return f"{MARKER}{source}{MARKER_END}"
+
+
+def splice(text: str, block: str, name: str = "README.md", source: str = "docs/results/main.json") -> str:
+    """`text` with the lines between the opening marker (whatever JSON it named) and END replaced by `block`, under
+    a marker that names `source`, the JSON the block now comes from."""
+    lines = text.split("\n")
+    begins = [i for i, line in enumerate(lines) if line.startswith(MARKER) and line.endswith(MARKER_END)]
+    ends = [i for i, line in enumerate(lines) if line == END]
+    if len(begins) != 1 or len(ends) != 1:
+        raise ReadmeError(f"{name}: needs exactly one {BEGIN!r} and one {END!r} line (found {len(begins)} and "
+                          f"{len(ends)})")  # fmt: skip
+    if ends[0] < begins[0]:
         raise ReadmeError(f"{name}: {END!r} comes before {BEGIN!r}")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+    head, tail = lines[: begins[0]], lines[ends[0] + 1 :]
+    return "\n".join([*head, begin_marker(source), block, END, *tail])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         text = args.readme.read_text()
         resolved = args.json.resolve()
         source = resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else str(args.json)
-        new = splice(text, render(data, source), args.readme.name)
+        new = splice(text, render(data, source), args.readme.name, source)
     except (ReadmeError, OSError) as err:
         print(f"readme_results: {err}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from study.report.stats import Family, percent
 
 SCHEMA = 1  # report.json's layout version: bump it when a key changes meaning
 SCORECARD_KEYS = ("claim", "paper", "ours", "verdict", "experiment")
+OUTSIDE = "†"  # marks a row outside the Bonferroni family (descriptive, underpowered, or without an interval)
 SCORECARD_HEADER = ("claim", "paper", "ours [CI]", "verdict", "experiment")
 
 
@@ -29,6 +30,7 @@ def scorecard_rows(found: list[Finding]) -> list[dict[str, str]]:
             "ours": f.value,
             "verdict": f.verdict,
             "experiment": f.experiment or "-",
+            "family": f.family,
         }
         for f in found
     ]
@@ -57,8 +59,16 @@ def scorecard_markdown(rows: list[dict[str, str]], family: dict[str, Any]) -> st
     header = list(SCORECARD_HEADER)
     header[2] = f"ours [{percent(family['level'])} CI]"
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(row[k]) for k in SCORECARD_KEYS) + " |" for row in rows]
+    # A row without "family" (a report.json written before it existed) was judged in the family.
+    outside = [not row.get("family", True) for row in rows]
+    lines += ["| " + " | ".join(_cell(row[k]) + (OUTSIDE if k == "verdict" and out else "") for k in SCORECARD_KEYS)
+              + " |" for row, out in zip(rows, outside)]  # fmt: skip
     lines += ["", f"Intervals: {family['describe']}."]
+    if any(outside):
+        lines += ["", f"{OUTSIDE} Outside the family: descriptive rows, rows without an interval (the learning-rate "
+                  "bracket, too few replicates), and underpowered rows, whose interval was wider than the rule could "
+                  "use (their value says how many replicates would decide them). They test nothing, so they do not "
+                  "set the family's level."]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -6,7 +6,9 @@ out either way:
 
     supported      the interval lies beyond the null, on the claimed side, and does not exclude the claim;
     not supported  the interval excludes the claimed effect (it lies entirely short of it);
-    inconclusive   otherwise, and whenever there are too few replicates for an interval.
+    inconclusive   otherwise, and whenever there are too few replicates for an interval;
+    underpowered   inconclusive because the interval is wider than the rule can use (`decide`): the row says how
+                   many replicates would decide it, and leaves the multiplicity family (`tests_something`).
 
 Why these intervals. The findings pool 3-10 replicates. A percentile bootstrap over 3 values is their [min, max]
 and covers about 75%, not 95%: resampling cannot see spread that 3 values do not show. Student's t does: its
@@ -40,7 +42,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -53,6 +55,11 @@ MIN_LEVELS = 3
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 DESCRIPTIVE = "descriptive"  # a measurement beside the findings (the paper states a bound there, not a rate): no test
+# Inconclusive because the design could not decide: the interval is wider than the rule's band (or the claimed effect),
+# so "supported" (or, for a one-sided rule, excluding the claim) was out of reach whatever the data said.
+UNDERPOWERED = "underpowered"
+UNRELIABLE = "numerically unreliable"  # fp32 and the fp64 reference disagree where the rule reads: no test
+MAX_REPLICATES = 1000  # the search for the replicates a rule needs stops here ("more than 1000")
 
 _LEVEL: ContextVar[float] = ContextVar("study_report_interval_level", default=CONFIDENCE)
 
@@ -88,7 +95,8 @@ class Family:
 
     def describe(self) -> str:
         return (
-            f"{self.method}-adjusted simultaneous intervals over the family of {self.size} findings in this table: "
+            f"{self.method}-adjusted simultaneous intervals over the family of the {self.size} findings in this table "
+            "that test something: "
             f"each at {percent(self.level)} (1 - {fmt(1 - self.confidence)}/{self.size}), so that all {self.size} "
             f"cover together with probability >= {percent(self.confidence)}"
         )
@@ -107,19 +115,42 @@ def family_level(family: Family) -> Iterator[Family]:
         _LEVEL.reset(token)
 
 
+def tests_something(item: object) -> bool:
+    """Whether a judged item belongs to the multiplicity family: an interval, or a finding whose verdict was read off
+    an interval. Descriptive rows, rows without an interval (too few replicates; the learning-rate bracket) and
+    underpowered rows (the design could not decide them) stay in the table but test nothing."""
+    if isinstance(item, Interval):
+        return True
+    verdict = getattr(item, "verdict", None)
+    return verdict not in (DESCRIPTIVE, UNDERPOWERED, UNRELIABLE) and getattr(item, "interval", None) is not None
+
+
 def simultaneous(judge: Callable[[], list[Item]], confidence: float = CONFIDENCE) -> tuple[list[Item], Family]:
     """Judge a family of findings with Bonferroni-adjusted intervals.
 
-    `judge` builds the findings; it is called once to count them (the family is every finding it returns but the
-    descriptive ones) and
-    once more with each interval at 1 - (1 - confidence)/m. Intervals are closed-form, so the second pass is cheap.
+    The family is the findings that test something (`tests_something`), and whether a finding is underpowered depends
+    on the level (a wider interval is more often wider than its band), so the level is found by iteration. `judge`
+    builds the findings at the level in force: first at `confidence` alone (the narrowest intervals: no more rows test
+    something at any Bonferroni level, an upper bound m on the family), then at 1 - (1 - confidence)/m; while fewer
+    rows than m test something at that level, m falls to their count and the findings are judged again. Should a
+    smaller m make more rows decidable than it counts, the previous (larger, so conservative) m is kept: every
+    interval is then at a level no lower than its family's Bonferroni level. Intervals are closed-form, so the passes
+    are cheap.
     """
-    size = sum(getattr(item, "verdict", None) != DESCRIPTIVE for item in judge())  # a measurement is not a test
+    size = sum(map(tests_something, judge()))
     if size == 0:
-        return [], Family(1, confidence)
-    family = Family(size, confidence)
-    with family_level(family):
-        return judge(), family
+        return judge(), Family(1, confidence)  # nothing to adjust for
+    previous: tuple[list[Item], Family] | None = None
+    while True:
+        family = Family(size, confidence)
+        with family_level(family):
+            found = judge()
+        members = sum(map(tests_something, found))
+        if previous is not None and members > size:
+            return previous
+        if members >= size or members == 0:
+            return found, family
+        previous, size = (found, family), members
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
@@ -140,8 +171,19 @@ class Interval:
     estimate: float
     lo: float
     hi: float
-    n: int  # replicates behind the interval (runs or batches)
+    n: int  # independent replicates behind the interval (seeds, runs or text windows)
     level: float = CONFIDENCE  # its confidence level (higher than CONFIDENCE inside a Bonferroni family)
+    # What the interval's width is made of, so that the replicates needed for a narrower one can be computed from the
+    # observed spread (`replicates_needed`): the standard error, its degrees of freedom, and the replicates per
+    # group (per level of a slope) with their name. None where the interval is not a t-interval.
+    se: float | None = field(default=None, compare=False)
+    df: float | None = field(default=None, compare=False)
+    per_group: int | None = field(default=None, compare=False)
+    unit: str = field(default="runs", compare=False)
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2
 
     def __str__(self) -> str:
         return f"{fmt(self.estimate)} [{fmt(self.lo)}, {fmt(self.hi)}]"
@@ -170,6 +212,14 @@ class Rule:
         if lo > null:
             return SUPPORTED
         return INCONCLUSIVE
+
+    def decisive_half_width(self) -> float | None:
+        """The widest interval (half-width) that can lie short of the claimed effect when the true effect is the
+        null: beyond it the claim cannot be excluded whatever the data. None when null and claim coincide."""
+        return abs(self.claimed - self.null) if self.claimed != self.null else None
+
+    def margin(self) -> str:
+        return f"the claimed effect {fmt(abs(self.claimed - self.null), 3)}"
 
     def describe(self) -> str:
         side = ">" if self.direction > 0 else "<"
@@ -219,6 +269,13 @@ class BandRule:
             return NOT_SUPPORTED
         return INCONCLUSIVE
 
+    def decisive_half_width(self) -> float:
+        """The widest interval (half-width) that fits inside the band: wider, "supported" is out of reach."""
+        return self.width
+
+    def margin(self) -> str:
+        return f"band {fmt(self.width, 3)}"
+
     def side(self, interval: Interval | None) -> str:
         """Which way a slope outside the band lies ("" when it is not entirely outside)."""
         if self.verdict(interval) != NOT_SUPPORTED:
@@ -237,11 +294,74 @@ class BandRule:
         )
 
 
+def replicates_needed(interval: Interval, half_width: float, level: float | None = None) -> int | None:
+    """The replicates per group (per level of a slope) at which a t-interval with the observed spread would be no
+    wider than `half_width` at `level` (default: the interval's own, the family's level): the standard error shrinks
+    like 1/sqrt(r) and the degrees of freedom grow like r - 1, with the t quantile, not a normal approximation.
+    None where the interval carries no spread (not a t-interval) or more than MAX_REPLICATES would be needed."""
+    if interval.se is None or interval.df is None or not interval.per_group or interval.per_group < 2:
+        return None
+    quantile = 0.5 + (interval.level if level is None else level) / 2
+    r0 = interval.per_group
+    for r in range(r0, MAX_REPLICATES + 1):
+        df = max(interval.df * (r - 1) / (r0 - 1), 1.0)
+        if float(stdtrit(df, quantile)) * interval.se * math.sqrt(r0 / r) <= half_width:
+            return r
+    return None
+
+
+def calm_runs_needed(claimed: float, level: float | None = None) -> int:
+    """Runs per group, all calm, whose exact one-sided upper bound on the event fraction, 1 - alpha^(1/n), lies
+    below `claimed`: n > log(alpha) / log(1 - claimed)."""
+    alpha = 1 - (confidence() if level is None else level)
+    return math.floor(math.log(alpha) / math.log(1 - claimed)) + 1
+
+
+def events_needed(events_a: int, n_a: int, events_b: int, n_b: int, half_width: float) -> int | None:
+    """Runs per group at which the exact interval of `proportion_difference_interval`, at the observed fractions,
+    would be no wider than `half_width` (None: more than MAX_REPLICATES)."""
+    for n in range(max(n_a, n_b), MAX_REPLICATES + 1):
+        iv = proportion_difference_interval(round(events_a * n / n_a), n, round(events_b * n / n_b), n)
+        if iv.half_width <= half_width:
+            return n
+    return None
+
+
+def power_note(rule: Rule | BandRule, interval: Interval | None) -> str:
+    """Why a rule could not decide with an interval this wide, and what would, from the observed spread ("" when
+    the interval is narrow enough for the rule to decide either way)."""
+    target = rule.decisive_half_width() if interval is not None else None
+    if target is None or interval is None or not interval.half_width > target:
+        return ""
+    needed = replicates_needed(interval, target)
+    if needed is not None:
+        what = f"needs about {needed} {interval.unit}"
+    elif interval.se is not None:
+        what = f"needs more than {MAX_REPLICATES} {interval.unit}"
+    else:
+        what = "needs more replicates"
+    text = f"half-width {fmt(interval.half_width, 2)} > {rule.margin()}: {what} (at {percent(interval.level)})"
+    if isinstance(rule, Rule):
+        text += f"; the smallest effect it could exclude is {fmt(interval.half_width, 2)}"
+    return text
+
+
+def decide(rule: Rule | BandRule, interval: Interval | None) -> tuple[str, str]:
+    """(verdict, note): the rule's verdict, or UNDERPOWERED with what would decide it where the verdict is
+    inconclusive because the interval is wider than the rule can use. Decided rows stay decided."""
+    verdict = rule.verdict(interval)
+    if verdict == INCONCLUSIVE and (note := power_note(rule, interval)):
+        return UNDERPOWERED, note
+    return verdict, ""
+
+
 def _clean(values: Sequence[float]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
 
 
-def _t_interval(estimate: float, variance: float, df: float, n: int) -> Interval:
+def _t_interval(
+    estimate: float, variance: float, df: float, n: int, per_group: int | None = None, unit: str = "runs"
+) -> Interval:
     """estimate +- t_{df}(1 - alpha/2) sqrt(variance), at the level in force (`confidence()`).
 
     A zero variance (every replicate equal) gives the degenerate interval [estimate, estimate]: the data show
@@ -252,7 +372,9 @@ def _t_interval(estimate: float, variance: float, df: float, n: int) -> Interval
         half = float(stdtrit(df, 0.5 + level / 2)) * math.sqrt(variance)
     else:
         half = 0.0
-    return Interval(float(estimate), float(estimate) - half, float(estimate) + half, n, level)
+    se = math.sqrt(variance) if variance > 0 else 0.0
+    return Interval(float(estimate), float(estimate) - half, float(estimate) + half, n, level, se, float(df),
+                    per_group if per_group is not None else n, unit)  # fmt: skip
 
 
 def _satterthwaite(parts: np.ndarray, dfs: np.ndarray) -> float:
@@ -266,7 +388,7 @@ def mean_interval(values: Sequence[float], what: str = "runs") -> Interval:
     x = _clean(values)
     if len(x) < MIN_REPLICATES:
         raise TooFew(f"{len(x)} {what} (need {MIN_REPLICATES})")
-    return _t_interval(float(np.mean(x)), float(np.var(x, ddof=1)) / len(x), len(x) - 1, len(x))
+    return _t_interval(float(np.mean(x)), float(np.var(x, ddof=1)) / len(x), len(x) - 1, len(x), unit=what)
 
 
 def difference_interval(a: Sequence[float], b: Sequence[float], what: str = "runs") -> Interval:
@@ -276,7 +398,8 @@ def difference_interval(a: Sequence[float], b: Sequence[float], what: str = "run
         raise TooFew(f"{len(x)} vs {len(y)} {what} (need {MIN_REPLICATES} in each)")
     parts = np.array([np.var(x, ddof=1) / len(x), np.var(y, ddof=1) / len(y)])
     df = _satterthwaite(parts, np.array([len(x) - 1, len(y) - 1], dtype=float))
-    return _t_interval(float(np.mean(x) - np.mean(y)), float(parts.sum()), df, len(x) + len(y))
+    return _t_interval(float(np.mean(x) - np.mean(y)), float(parts.sum()), df, len(x) + len(y), min(len(x), len(y)),
+                       f"{what} per group")  # fmt: skip
 
 
 def proportion_difference_interval(events_a: int, n_a: int, events_b: int, n_b: int, what: str = "runs") -> Interval:
@@ -339,8 +462,9 @@ def slope_interval(per_level: dict[float, Sequence[float]], what: str = "runs", 
     if paired:
         per_replicate = c @ np.stack(list(levels.values()))  # one slope per replicate (text batch)
         n = len(per_replicate)
-        return _t_interval(float(per_replicate.mean()), float(np.var(per_replicate, ddof=1)) / n, n - 1, sum(counts))
+        # n: the independent replicates (text windows), not windows x levels: the interval has n - 1 df
+        return _t_interval(float(per_replicate.mean()), float(np.var(per_replicate, ddof=1)) / n, n - 1, n, n, what)
     means = np.array([v.mean() for v in levels.values()])
     parts = np.array([ci**2 * np.var(v, ddof=1) / len(v) for ci, v in zip(c, levels.values())])
     df = _satterthwaite(parts, np.array(counts, dtype=float) - 1)
-    return _t_interval(float(c @ means), float(parts.sum()), df, sum(counts))
+    return _t_interval(float(c @ means), float(parts.sum()), df, sum(counts), min(counts), f"{what} per level")

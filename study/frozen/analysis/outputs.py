@@ -28,16 +28,18 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
         for analysis in chosen:
             wr.writerows(analysis.csv_rows(results, ids))
 
-    lines = ["| claim (paper) | measured | rule | verdict |", "|---|---|---|---|"]
+    # Measurements beside the paper's values, not verdicts: claims are judged in one place, `study report`, by one
+    # rule each, with intervals over text windows (docs/findings.md).
+    lines = ["| claim (paper) | paper | measured |", "|---|---|---|"]
     for c in results["claims"]:
-        lines.append(f"| {c['claim']} | {c['measured'] or '-'} | {c['rule']} | {c['verdict']} |")
+        lines.append(f"| {c['claim']} | {c['paper']} | {c['measured'] or '-'} |")
     lines += ["", f"vectors: {ch['vectors']} ({ch['vector_note']}); distance reading: {ch['distance_reading']}; "
               f"KS alphas: {ch['alphas']}; reconstructed formulas: {', '.join(ch['reconstructions'])}."]
     windows = results["model"].get("batch", 1)
     if windows > 1:
-        lines += ["", f"Pooled over {windows} text windows (results.json `source.windows`). These verdicts are point "
-                  "rules; a sweep's report judges the same claims with 95% intervals over the windows "
-                  "(docs/findings.md, frozen-model findings)."]
+        lines += ["", f"Pooled over {windows} text windows (results.json `source.windows`)."]
+    lines += ["", "Measurements, not verdicts: `study report` judges these claims, each by one rule, with intervals "
+              "over text windows (docs/findings.md, frozen-model findings)."]
     paths["claims"].write_text("\n".join(lines) + "\n")
     if figures:
         for analysis in chosen:

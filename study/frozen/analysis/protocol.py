@@ -189,7 +189,7 @@ def _model_summary(cap, layers: list[int], *, batch: int, max_len: int, context:
 
 
 def compare_with_paper(results: dict) -> list[dict]:
-    """The paper's quantitative claims beside our measurement, with the rule that decided the verdict."""
+    """The paper's quantitative claims beside our measurement (no verdict: `study report` judges them)."""
     return [claim for analysis in table.chosen(results) for claim in analysis.claims(results)]
 
 

@@ -74,7 +74,7 @@ class Analysis:
              [analysis, metric, layer, head, L, N, T, eps, value]
     figures  (results, output folder) -> {name: path} of the PNG figures it draws
     scalars  results -> (TensorBoard tag, value, step) for `study analyze --tensorboard`
-    claims   results -> the paper's claims it checks, each {claim, measured, rule, verdict}
+    claims   results -> the paper's claims it measures, each {claim, paper, measured} (no verdict: study report judges)
     window_keys  the keys of its `layer` dict that hold one entry per text window (dim 0), or None when its
              layer step cannot be run one window at a time (it draws random numbers per batch, or pools the
              windows otherwise than by a mean). With a tuple, `study analyze` may run the windows one at a time

@@ -236,7 +236,11 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"gradient_checkpointing=True: {type(model).__name__} does not support transformers' "
                          "gradient checkpointing")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from study.attention.recompute import same_path_context
+
+    # the recomputation takes the attention path its forward took, whatever is open during the backward pass
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                       "context_fn": same_path_context})
     model.config.use_cache = False  # a key/value cache is incompatible with it (transformers warns and turns it off)
 
 

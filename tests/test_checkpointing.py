@@ -56,10 +56,12 @@ def module_for(arch: str, spec: AttentionSpec, checkpointing: bool, llama_folder
 
 
 def step(module: CausalLMModule, ids: torch.Tensor, tap: CountingTap | None, blockwise: bool):
+    """The forward under the tap and the blockwise settings; the backward (the recomputation) outside both: it
+    must take the forward's path all the same."""
     module.zero_grad(set_to_none=True)
     with tapping(tap) if tap else nullcontext(), blockwise_settings(min_scores=0, block_scores=256) if blockwise else nullcontext():
         loss = module.loss({"input_ids": ids})
-        loss.backward()
+    loss.backward()
     return float(loss), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 

@@ -106,6 +106,17 @@ def suspended() -> Iterator[None]:
         _state.taps = saved
 
 
+@contextmanager
+def reopened(taps: tuple[AttentionTap, ...]) -> Iterator[None]:
+    """The taps ``taps`` open (and only those) for the duration of the block: activation checkpointing's
+    recomputation takes the path its forward took (`study.attention.recompute`); `notify` still skips it."""
+    saved, _state.taps = _state.taps, list(taps)
+    try:
+        yield
+    finally:
+        _state.taps = saved
+
+
 def active_taps() -> tuple[AttentionTap, ...]:
     return tuple(_state.taps)
 

@@ -15,6 +15,7 @@ from study.report import sources
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
+from study.report.lrcurves import lr_section
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_optional_json
@@ -168,6 +169,7 @@ def report_text(
             md.table(md.NORMALIZER_COLUMNS, md.normalizer_rows(all_runs)),
             "",
         ]
+    parts += md.collapse_section([*all_runs, *not_counted])
     parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]
@@ -232,6 +234,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure
     )
+    lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    if lr_curves is not None:
+        text += "\n" + lr_curves.markdown
     path = out / "report.md"
     path.write_text(text)
     found, family = judgement
@@ -240,5 +245,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["excess_slopes"] = excess_json(primary)
+    if lr_curves is not None:
+        data["lr_curves"] = lr_curves.data
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     return path

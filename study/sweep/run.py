@@ -194,6 +194,22 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
     }
 
 
+def _collapse_events(cli, out: dict[str, Any]) -> str | None:
+    """Record the entropy-collapse alerts' events in ``out`` (``collapse_events``); the reason the run stopped when an
+    alert with ``action: stop`` ended it, else None."""
+    from study.callbacks.collapse import EntropyCollapseAlert
+
+    alerts = [c for c in cli.trainer.callbacks if isinstance(c, EntropyCollapseAlert)]
+    events = [event for alert in alerts for event in alert.status_events()]
+    if events:
+        out["collapse_events"] = events
+    stop = next((alert.events[0] for alert in alerts if alert.action == "stop" and alert.events), None)
+    if stop is None:
+        return None
+    return (f"attention entropy collapse in layer {stop['layer']} at step {stop['step']} (H/log n {stop['value']:.3g}, "
+            f"{stop['rule']} from {stop['reference']:.3g}); stopped by EntropyCollapseAlert")
+
+
 def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     """State and reason of a fit that returned."""
     from study.fit import trained_nothing
@@ -213,6 +229,8 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         }
     if cli.trainer.interrupted:
         return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
+    if stopped := _collapse_events(cli, out):
+        return {**out, "state": "diverged", "reason": stopped}
     if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
         return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():

@@ -18,6 +18,9 @@ Public API:
 
 Callbacks never import the model: they see attention through `study.attention.tapping`.
 
+Under `transformers.Trainer`: `study.callbacks.hf_trainer.TrainerMonitors` runs the same monitor objects (not
+imported here: it loads the Trainer, which needs the `hf-trainer` extra's accelerate).
+
 Example::
 
     import lightning as L

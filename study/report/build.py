@@ -12,6 +12,7 @@ from pathlib import Path
 
 from study.report import markdown as md
 from study.report import sources
+from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
@@ -238,7 +239,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown
     path = out / "report.md"
-    path.write_text(text)
+    write_text_atomically(path, text)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
@@ -247,5 +248,5 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     data["excess_slopes"] = excess_json(primary)
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
-    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_text_atomically(out / "report.json", json.dumps(data, indent=1) + "\n")
     return path

@@ -78,6 +78,11 @@ class CausalLMModule(L.LightningModule):
             (`<sweep>/hparams.json`, `study.hparams`), which `study sweep` passes.
         hparams_session: write this run's HParams session (its settings and metrics as a row of the HParams table).
             A sweep's pretraining run sets False: it is the base of the sweep's runs, not one of its settings.
+        gradient_checkpointing: activation checkpointing by transformers' own mechanism
+            (``gradient_checkpointing_enable``, non-reentrant): each decoder layer's activations are recomputed in
+            the backward pass instead of kept, for long contexts (more time, much less memory; docs/performance.md).
+            Losses and gradients are unchanged, and the monitors see each attention call once per step
+            (`study.attention.tap`). A model without transformers' support for it is an error.
 
     Example:
         >>> from study.attention import AttentionSpec
@@ -111,6 +116,7 @@ class CausalLMModule(L.LightningModule):
         temperature_in: str = "softmax",
         hparams_experiment: bool | str = True,
         hparams_session: bool = True,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if trainable not in TRAINABLE:
@@ -168,6 +174,8 @@ class CausalLMModule(L.LightningModule):
             apply_attention_spec(self.model, attention)
         if trainable == "attention":
             freeze_all_but_attention(self.model)
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.attention = attention
         self.val_loss = MeanMetric()
 
@@ -275,6 +283,21 @@ def freeze_all_but_attention(model: torch.nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no attention modules to train")
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Transformers' activation checkpointing, non-reentrant: it needs no input that requires a gradient (frozen
+    embeddings under ``trainable="attention"``), keeps each layer's RNG state for dropout, and nests with the
+    blockwise attention path's own checkpoints."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient_checkpointing=True: {type(model).__name__} does not support transformers' "
+                         "gradient checkpointing")
+    from study.attention.recompute import same_path_context
+
+    # the recomputation takes the attention path its forward took, whatever is open during the backward pass
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                       "context_fn": same_path_context})
+    model.config.use_cache = False  # a key/value cache is incompatible with it (transformers warns and turns it off)
 
 
 def fold_temperature_into_init(model: torch.nn.Module, temperature: float) -> None:

@@ -28,7 +28,8 @@ def _positive(x) -> bool:
 
 def test_quick_core_on_a_tiny_model(tmp_path, capsys):
     settings = Settings(shapes=[TINY], rounds=2, chunk=1, warmup=1, top_ks=(2,), normalizers=("sparsemax",),
-                        monitor_every=(1, 50), analysis_lengths=(32,), analysis_repeats=1, analysis_oracle_rows=8)
+                        monitor_every=(1, 50), analysis_lengths=(32,), analysis_repeats=1, analysis_oracle_rows=8,
+                        fresh_process=False)  # the fresh processes of resident memory: the slow test below
     result = run_benchmark(settings, progress=lambda *_: None, show_progress=True)
     # Off a terminal: one line per timing round (warm-up + 2) and per variant's memory pass, with the time left.
     lines = capsys.readouterr().err.splitlines()
@@ -145,3 +146,51 @@ def test_gpu_suite_arguments():
     assert gpu.parity and gpu.precision == "bf16-mixed"
     smol = SHAPES["smollm2"]
     assert (smol.n_layer, smol.n_head, smol.n_kv_head, smol.vocab_size) == (30, 9, 3, 49152)
+
+
+def _live_tensors() -> tuple[int, int]:
+    """(count, bytes) of the tensors Python can reach, storage counted once."""
+    import gc
+    import warnings
+
+    import torch
+
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return len(tensors), sum(storages.values())
+
+
+@pytest.mark.slow
+def test_the_memory_pass_keeps_nothing_from_one_variant_to_the_next(tmp_path):
+    """Each variant's fit (model, AdamW state, trainer) is gone once its memory pass is measured: the tensors left
+    alive after four variants are those left after one."""
+    from study.bench.memory import measure_memory
+    from study.bench.shapes import variants
+
+    settings = Settings(shapes=[TINY], top_ks=(2,), normalizers=("sparsemax",), monitor_every=(1,), fresh_process=False)
+    chosen = variants(settings, monitors_available=False)[:4]
+    measure_memory(TINY, chosen[0], settings, [], str(tmp_path))
+    after_one = _live_tensors()
+    for variant in chosen[1:]:
+        assert measure_memory(TINY, variant, settings, [], str(tmp_path))["peak_bytes"] > 0
+    assert _live_tensors() == after_one
+
+
+@pytest.mark.slow
+def test_each_variant_reports_the_peak_resident_memory_of_its_own_process(tmp_path):
+    settings = Settings(shapes=[TINY], rounds=1, chunk=1, warmup=1, top_ks=(2,), normalizers=(), monitor_every=(),
+                        analysis_lengths=(32,), analysis_repeats=1, analysis_oracle_rows=8)  # fmt: skip
+    result = run_benchmark(settings, progress=lambda *_: None)
+    rows = result["models"][0]["rows"]
+    assert [r["name"] for r in rows] == ["stock sdpa", "stock eager", "temperature T=0.5", "top-k k=2"]
+    for row in rows:
+        memory = row["memory"]
+        # torch and Lightning alone hold a few hundred MB resident; the step adds to it; the profiler counts
+        # only the step's tensors
+        assert 100 * 2**20 < memory["base_rss_bytes"] <= memory["max_rss_bytes"] < 4 * 2**30, memory
+        assert memory["peak_bytes"] < memory["max_rss_bytes"]
+    markdown = to_markdown(result)
+    assert "max RSS MB" in markdown and f"| {rows[0]['memory']['max_rss_bytes'] / 2**20:.0f} | 1.000 |" in markdown

@@ -13,7 +13,7 @@ from study.bench.lengths import HEADS, LengthSettings, lengths_markdown, run_len
 
 @pytest.mark.slow
 def test_blockwise_peak_is_a_fraction_of_the_dense_peak_and_long_dense_rows_are_skipped():
-    settings = LengthSettings(lengths=(384, 512), dense_max_length=384, units=("call",))
+    settings = LengthSettings(lengths=(384, 512), dense_max_length=384, units=("call",), fresh_process=False)
     ticks = []
     with blockwise_settings(block_scores=HEADS * 384 * 48):  # 48 rows a block at L = 384, 36 at L = 512
         result = run_length_sweep(settings, tick=ticks.append)
@@ -35,7 +35,7 @@ def test_blockwise_peak_is_a_fraction_of_the_dense_peak_and_long_dense_rows_are_
 
 
 def test_the_command_writes_both_files_with_a_layer_row(tmp_path, capsys):
-    assert main(["--lengths", "64", "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    assert main(["--lengths", "64", "--out", str(tmp_path), "--quiet", "--device", "cpu", "--in-process"]) == 0
     result = json.loads((tmp_path / "lengths.json").read_text())
     units = {(r["unit"], r["path"]) for r in result["rows"]}
     assert ("layer", "blockwise") in units and ("call", "stock sdpa") in units
@@ -48,3 +48,20 @@ def test_the_command_writes_both_files_with_a_layer_row(tmp_path, capsys):
 def test_bad_lengths_are_refused_naming_them(lengths, tmp_path):
     with pytest.raises(SystemExit, match=lengths.split(",")[-1]):
         main(["--lengths", lengths, "--out", str(tmp_path), "--quiet"])
+
+
+@pytest.mark.slow
+def test_each_row_reports_the_resident_memory_its_forward_and_backward_add(tmp_path):
+    """A fresh process per row: its peak resident memory, and what the measured steps added to it. At L = 2048 one
+    dense call holds several (9, 2048, 2048) fp32 tensors (151 MB each) at once, which the resident memory sees
+    too; the blockwise path adds much less."""
+    assert main(["--lengths", "2048", "--units", "call", "--specs", "top-k k=8", "--out", str(tmp_path), "--quiet",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "lengths.json").read_text())
+    rows = {r["path"]: r for r in result["rows"]}
+    assert set(rows) == {"stock sdpa", "dense explicit", "blockwise"}
+    for row in rows.values():
+        assert 0 <= row["extra_rss_bytes"] < row["max_rss_bytes"]
+    assert rows["dense explicit"]["extra_rss_bytes"] > 2 * 9 * 2048 * 2048 * 4
+    assert rows["blockwise"]["extra_rss_bytes"] < 0.5 * rows["dense explicit"]["extra_rss_bytes"]
+    assert "extra resident MB" in (tmp_path / "lengths.md").read_text()

@@ -327,3 +327,74 @@ def test_every_temperature_measures_the_same_rows(tmp_path, text_file):
     for key in ("p10", "p50", "p90", "max"):
         assert second["jacobian"][key] == pytest.approx(first["jacobian"][key], rel=1e-6), key
     assert second["hessian_qk_top"] == pytest.approx(first["hessian_qk_top"], rel=1e-4)
+
+
+def _live_tensors() -> tuple[int, int]:
+    """(count, bytes) of the tensors Python can reach, storage counted once: what a probe loop keeps alive (a cycle
+    through autograd's hooks is invisible to the garbage collector, so `gc.collect()` first does not hide it)."""
+    import gc
+    import warnings
+
+    gc.collect()
+    count, storages = 0, {}
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for tensor in tensors:
+        count += 1
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return count, sum(storages.values())
+
+
+def test_the_window_collector_lets_every_hooked_tensor_go(tiny_causal_lm):
+    """The fast form of the check below: once a batch's backward is done (or the forward failed), no tensor the
+    collector hooked is alive any more, though the collector itself (its norms) still is."""
+    import gc
+    import weakref
+
+    from study.attention import tapping
+    from study.frozen.probe.jacobian import ExplicitPath
+    from study.frozen.probe.measure import num_layers
+    from study.frozen.probe.windows import window_gradients, window_losses
+
+    batch = torch.randint(60, (2, 12), generator=torch.Generator().manual_seed(0))
+    layers = num_layers(tiny_causal_lm)
+    with tapping(ExplicitPath()), window_gradients(tiny_causal_lm, batch, layers) as found:
+        loss, _ = window_losses(tiny_causal_lm, batch)
+        hooked = [weakref.ref(t) for t in found.outputs]
+        found.backward(loss)
+    del loss
+    gc.collect()
+    assert len(hooked) >= 4 * layers and not [ref for ref in hooked if ref() is not None]
+    assert float(found.squares["attn_qk"][0].sum()) > 0
+    with pytest.raises(RuntimeError, match="forward failed"), window_gradients(tiny_causal_lm, batch, layers) as found:
+        window_losses(tiny_causal_lm, batch)
+        hooked = [weakref.ref(t) for t in found.outputs]
+        raise RuntimeError("forward failed")
+    gc.collect()
+    assert hooked and not [ref for ref in hooked if ref() is not None]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_probe_loop_keeps_no_tensor_alive_across_temperatures(tmp_path, text_file, arch):
+    """The per-T loop of `study probe` (every layer, one layer alone, the Hessian): after the first T, further
+    temperatures leave no more tensors alive than it did. The collector's gradient hooks point back at it, so
+    tensors it kept past its backward would pile up, one forward's activations per T."""
+    from study.frozen.probe import measure
+
+    folder = save_tiny(tmp_path, text_file, arch)
+    model, tok = probe.load_model(str(folder))
+    windows = windows_of(tok, text_file, count=2)
+
+    def one_temperature(t: float) -> None:
+        measure.all_layers(model, windows, t, rows=4, seed=0)
+        measure.hessian(model, windows[0], t, iterations=2, seed=0)
+        measure.single_layer(model, windows, t, 0, rows=4, seed=0)
+
+    one_temperature(1.0)  # the first T builds what every T shares (the attention spec, cached buffers)
+    before = _live_tensors()
+    for t in (0.5, 0.2):
+        one_temperature(t)
+    after = _live_tensors()
+    assert after == before, f"live tensors (count, bytes) grew from {before} to {after} over two temperatures"

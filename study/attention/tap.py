@@ -23,6 +23,12 @@ records inputs gets them once, with the call's first block). While any open tap 
 the dense explicit path, so such a tap still sees each call's full map once.
 
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
+
+Under activation checkpointing (`CausalLMModule(gradient_checkpointing=True)`, transformers'
+``gradient_checkpointing_enable``) the backward pass runs each checkpointed layer's forward again. Taps see only
+the first forward: a call made inside the backward pass (`recomputing`) is not handed to them, so each attention
+call counts once per step, with or without checkpointing. The taps stay open during that recomputation, so it takes
+the same (explicit) path as the forward it repeats.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import Tensor, nn
 
 from study.attention.spec import AttentionSpec
@@ -123,6 +130,17 @@ def suspended() -> Iterator[None]:
         _state.taps = saved
 
 
+@contextmanager
+def reopened(taps: tuple[AttentionTap, ...]) -> Iterator[None]:
+    """The taps ``taps`` open (and only those) for the duration of the block: activation checkpointing's
+    recomputation takes the path its forward took (`study.attention.recompute`); `notify` still skips it."""
+    saved, _state.taps = _state.taps, list(taps)
+    try:
+        yield
+    finally:
+        _state.taps = saved
+
+
 def active_taps() -> tuple[AttentionTap, ...]:
     return tuple(_state.taps)
 
@@ -133,16 +151,24 @@ def takes_row_blocks() -> bool:
     return all(getattr(tap, "row_blocks", False) for tap in _state.taps)
 
 
+def recomputing() -> bool:
+    """Whether this call runs inside a backward pass: activation checkpointing's recomputation of a forward the
+    taps already saw (autograd's engine runs a graph task only during backward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def wants_logits() -> bool:
     """Whether an open tap receives the calls' logits (defines ``observe_logits``)."""
     return any(hasattr(tap, "observe_logits") for tap in _state.taps)
 
 
 def layer_number(layer: int | None) -> int:
-    """The layer number taps see for one attention call: ``layer``, or the next number in call order."""
+    """The layer number taps see for one attention call: ``layer``, or the next number in call order (a
+    recomputed call does not advance it)."""
     if layer is None:
         layer = _state.unnamed_calls
-        _state.unnamed_calls += 1
+        if not recomputing():
+            _state.unnamed_calls += 1
     return layer
 
 
@@ -150,6 +176,8 @@ def notify(
     layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None,
     logits: AttentionLogits | None = None,
 ) -> None:
+    if recomputing():  # the taps saw this call in the forward pass
+        return
     layer = layer_number(layer)
     weights = weights.detach()
     for tap in _state.taps:

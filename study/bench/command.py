@@ -46,6 +46,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "(writes lengths.json and lengths.md)")
     parser.add_argument("--dense-max-length", type=int, default=4096,
                         help="length sweep: skip the dense explicit path above this L (default 4096)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="measure memory in this process (the profiler's figures only, no peak resident memory "
+                             "of a fresh process per measurement; faster)")
+    parser.add_argument("--units", default="call,layer",
+                        help="length sweep: what is measured, comma-separated from call (one attention call), layer "
+                             "(one SmolLM2 layer), model (the whole SmolLM2-135M with its loss; default call,layer)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="length sweep: activation checkpointing of the layer and model rows")
+    parser.add_argument("--specs", default=None,
+                        help="length sweep: comma-separated from 'top-k k=8', sparsemax (default both)")
+    parser.add_argument("--paths", default=None,
+                        help="length sweep: comma-separated from 'dense explicit', blockwise (default both; stock "
+                             "SDPA always runs)")
+    parser.add_argument("--main-job", nargs="?", const="configs/sweeps/default.yaml", default=None, metavar="SPEC",
+                        help="instead of the training suite: the main job's steps (the probe, the analysis, one "
+                             "fine-tuning run) each as its own process at the spec's settings (default "
+                             "configs/sweeps/default.yaml), their peak resident memory against --budget-gb")
+    parser.add_argument("--budget-gb", type=float, default=4.0,
+                        help="--main-job: the peak resident memory each step must stay under (default 4 GB)")
+    parser.add_argument("--run-index", type=int, default=0, help="--main-job: which of the spec's runs (default 0)")
     return parser.parse_args(argv)
 
 
@@ -60,7 +80,19 @@ def run_lengths(args: argparse.Namespace) -> int:
 
     try:
         lengths = tuple(int(n) for n in args.lengths.split(","))
-        settings = LengthSettings(lengths=lengths, dense_max_length=args.dense_max_length, device=args.device)
+        extra = {}
+        if args.specs:
+            defaults = LengthSettings().specs
+            unknown = [name for name in args.specs.split(",") if name not in defaults]
+            if unknown:
+                raise ValueError(f"--specs {unknown}: choose from {sorted(defaults)}")
+            extra["specs"] = {name: defaults[name] for name in args.specs.split(",")}
+            extra["layer_specs"] = tuple(name for name in extra["specs"] if name in LengthSettings().layer_specs) or tuple(extra["specs"])[:1]
+        if args.paths:
+            extra["paths"] = tuple(args.paths.split(","))
+        settings = LengthSettings(lengths=lengths, dense_max_length=args.dense_max_length, device=args.device,
+                                  units=tuple(args.units.split(",")), checkpointing=args.checkpointing,
+                                  fresh_process=not args.in_process, **extra)  # fmt: skip
     except ValueError as error:
         raise SystemExit(f"--lengths {args.lengths!r}: {error}") from None
     with Progress("bench lengths", total=total_units(settings), unit="measurement", enabled=not args.quiet) as bar:
@@ -97,6 +129,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         device=args.device,
         precision=args.precision or ("bf16-mixed" if args.gpu_suite or args.device.startswith("cuda") else "32-true"),
         parity=args.parity or args.gpu_suite,
+        fresh_process=not args.in_process,
     )
 
 
@@ -111,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     silence_library_notices()
+    if args.main_job:  # the sweep's own commands: `study.sweep` builds them (a layer the bench does not import)
+        import subprocess
+
+        return subprocess.call([sys.executable, "-m", "study.sweep.budget", args.main_job, "--budget-gb",
+                                str(args.budget_gb), "--run-index", str(args.run_index), "--out", args.out])  # fmt: skip
     if args.lengths:
         return run_lengths(args)
     settings = settings_from_args(args)

@@ -12,7 +12,12 @@ for three paths: stock SDPA (PyTorch's fused kernel, plain softmax: the referenc
 path (forced on at any L), under top-k and sparsemax. The dense path is skipped above ``dense_max_length``: at
 L = 8192 it would need about 16-22 GB for one call.
 
-Memory: on a CPU, the peak of the running sum of `torch.profiler`'s allocation events during the forward and
+- the whole SmolLM2-135M (unit "model", with ``units``: 30 layers and the loss over its 49152-token vocabulary),
+  random tokens, optionally with activation checkpointing (``checkpointing``).
+
+Resident memory: each row runs in a fresh process (`study.resident`) and reports that process's peak
+resident memory and how much the measured steps added to it (over the peak once the inputs and the model were
+built): what runs out on a machine. Memory as the profiler sees it: on a CPU, the peak of the running sum of `torch.profiler`'s allocation events during the forward and
 backward pass (tensor bytes live at once above what lived before: the inputs and parameters are not counted); on
 a GPU, ``torch.cuda.max_memory_allocated`` minus what was allocated before. Time: CPU time of the process
 (`time.process_time`, robust to other jobs on the machine) on a CPU, wall time after synchronising on a GPU;
@@ -31,9 +36,11 @@ import torch
 from study.attention import AttentionSpec, attend, blockwise_settings
 from study.attention.blockwise import block_rows
 from study.bench.memory import profiled_peak_bytes
+from study.resident import in_fresh_process
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 HIDDEN, INTERMEDIATE = 576, 1536
+SMOLLM2_LAYERS, SMOLLM2_VOCAB = 30, 49152
 PATHS = ("stock sdpa", "dense explicit", "blockwise")
 NEVER = 2**62
 
@@ -44,9 +51,12 @@ class LengthSettings:
     specs: dict[str, dict] = field(default_factory=lambda: {"top-k k=8": {"top_k": 8}, "sparsemax": {"normalizer": "sparsemax"}})
     layer_specs: tuple[str, ...] = ("top-k k=8",)  # the full-layer rows (the call rows take every spec)
     dense_max_length: int = 4096
-    units: tuple[str, ...] = ("call", "layer")
+    units: tuple[str, ...] = ("call", "layer")  # and "model": the whole SmolLM2 (its rows take layer_specs)
     device: str = "cpu"
     repeat_below: int = 2048  # lengths below this are timed 3 times after a warm-up (median)
+    checkpointing: bool = False  # activation checkpointing of the layer and model rows (`CausalLMModule`'s option)
+    fresh_process: bool = True  # each row in a process of its own: its peak resident memory (`study.resident`)
+    paths: tuple[str, ...] = PATHS[1:]  # the explicit paths measured beside stock SDPA
 
     def __post_init__(self) -> None:
         bad = [n for n in self.lengths if isinstance(n, bool) or not isinstance(n, int) or n < 2]
@@ -55,8 +65,10 @@ class LengthSettings:
         unknown = [name for name in self.layer_specs if name not in self.specs]
         if unknown:
             raise ValueError(f"layer_specs {unknown} are not among specs {sorted(self.specs)}")
-        if not self.units or set(self.units) - {"call", "layer"}:
-            raise ValueError(f"units must be 'call' and/or 'layer', got {list(self.units)!r}")
+        if not self.paths or set(self.paths) - set(PATHS[1:]):
+            raise ValueError(f"paths must be among {list(PATHS[1:])}, got {list(self.paths)!r}")
+        if not self.units or set(self.units) - {"call", "layer", "model"}:
+            raise ValueError(f"units must be among 'call', 'layer' and 'model', got {list(self.units)!r}")
 
 
 def _sync(device: str) -> None:
@@ -96,8 +108,8 @@ def _path_settings(path: str):
     return blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0)
 
 
-def call_step(length: int, path: str, spec: AttentionSpec, device: str) -> Callable[[], None]:
-    """Forward and backward of one attention call at SmolLM2's head shape."""
+def call_step(length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool = False) -> Callable[[], None]:
+    """Forward and backward of one attention call at SmolLM2's head shape (nothing to checkpoint)."""
     g = torch.Generator().manual_seed(length)
     q, k, v = (torch.randn(1, h, length, HEAD_DIM, generator=g).to(device).requires_grad_(True)
                for h in (HEADS, KV_HEADS, KV_HEADS))
@@ -113,20 +125,30 @@ def call_step(length: int, path: str, spec: AttentionSpec, device: str) -> Calla
     return step
 
 
-def layer_step(length: int, path: str, spec: AttentionSpec, device: str) -> Callable[[], None]:
-    """Forward and backward of one SmolLM2 decoder layer (random weights) on random embeddings."""
-    from transformers import LlamaConfig, LlamaModel
+def _llama(model_class, length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool, **config):
+    from transformers import LlamaConfig
 
     from study.attention import apply_attention_spec
+    from study.model import enable_gradient_checkpointing
 
-    config = LlamaConfig(vocab_size=16, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=1,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=length)
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, max_position_embeddings=length, **config)  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaModel(config).to(device).train()
+    model = model_class(config).to(device).train()
     if path == "stock sdpa":
         model.set_attn_implementation("sdpa")
     else:
         apply_attention_spec(model, spec)
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def layer_step(length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool = False) -> Callable[[], None]:
+    """Forward and backward of one SmolLM2 decoder layer (random weights) on random embeddings."""
+    from transformers import LlamaModel
+
+    model = _llama(LlamaModel, length, path, spec, device, checkpointing, vocab_size=16, num_hidden_layers=1)
     embeds = torch.randn(1, length, HIDDEN, generator=torch.Generator().manual_seed(length)).to(device)
     embeds.requires_grad_(True)
 
@@ -140,18 +162,55 @@ def layer_step(length: int, path: str, spec: AttentionSpec, device: str) -> Call
     return step
 
 
+def measure(unit: str, name: str, path: str, length: int, settings: LengthSettings) -> dict:
+    """One row's seconds and profiler peak, and the peak resident memory once its inputs (and model) were built
+    (``base_rss_bytes``: what the forward and backward add to it is the row's extra resident memory)."""
+    from study.resident import max_rss_bytes
+
+    build = {"call": call_step, "layer": layer_step, "model": model_step}[unit]
+    spec = AttentionSpec(**settings.specs.get(name, {}))
+    step = build(length, path, spec, settings.device, settings.checkpointing)
+    base = max_rss_bytes()
+    repeats = 3 if length < settings.repeat_below and unit != "model" else 1  # the whole model: seconds a pass
+    if repeats > 1:
+        step()  # warm-up: first-call costs (allocator, lazy initialisation) left out
+    row = {"seconds": seconds(step, settings.device, repeats), "base_rss_bytes": base}
+    if unit != "model":  # on the whole model the profiler's event log costs as much as the step, and its figure
+        row["peak_bytes"] = peak_bytes(step, settings.device)  # is not the one that runs out: resident memory only
+    return row
+
+
+def model_step(length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool = False) -> Callable[[], None]:
+    """Forward and backward of the whole SmolLM2-135M (its shape: 30 layers, vocabulary 49152, tied embeddings;
+    random weights: memory and time do not depend on them) on random tokens, with the language-model loss."""
+    from transformers import LlamaForCausalLM
+
+    model = _llama(LlamaForCausalLM, length, path, spec, device, checkpointing, vocab_size=SMOLLM2_VOCAB,
+                   num_hidden_layers=SMOLLM2_LAYERS, tie_word_embeddings=True)  # fmt: skip
+    ids = torch.randint(SMOLLM2_VOCAB, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+
+    def step() -> None:
+        with _path_settings(path):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
 def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lambda _: None) -> dict:
     """Every (unit, spec, path, L) row: peak extra bytes and seconds of forward + backward (or why skipped)."""
     rows = []
     plan = []
-    for unit, build, specs in (("call", call_step, list(settings.specs)), ("layer", layer_step, list(settings.layer_specs))):
+    for unit, specs in (("call", list(settings.specs)), ("layer", list(settings.layer_specs)),
+                        ("model", list(settings.layer_specs))):  # fmt: skip
         if unit not in settings.units:
             continue
         for length in settings.lengths:
-            plan.append((unit, build, "stock", "stock sdpa", length))
+            plan.append((unit, "stock", "stock sdpa", length))
             for name in specs:
-                plan += [(unit, build, name, path, length) for path in PATHS[1:]]
-    for unit, build, name, path, length in plan:
+                plan += [(unit, name, path, length) for path in settings.paths]
+    for unit, name, path, length in plan:
         row = {"unit": unit, "spec": name, "path": path, "L": length}
         if path == "blockwise":  # at short L one block holds every row: the blockwise path is the dense one
             with _path_settings(path):
@@ -159,15 +218,13 @@ def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lam
             row["blocks"] = 1 if rows_per_block is None else -(-length // rows_per_block)
         if path == "dense explicit" and length > settings.dense_max_length:
             row["skipped"] = f"dense path above L = {settings.dense_max_length}"
+        elif settings.fresh_process:
+            measured, resident = in_fresh_process(measure, unit, name, path, length, settings)
+            row.update(measured, max_rss_bytes=resident["max_rss_bytes"],
+                       extra_rss_bytes=resident["max_rss_bytes"] - measured.pop("base_rss_bytes"))
         else:
-            spec = AttentionSpec(**settings.specs.get(name, {}))
-            step = build(length, path, spec, settings.device)
-            repeats = 3 if length < settings.repeat_below else 1
-            if repeats > 1:
-                step()  # warm-up: first-call costs (allocator, lazy initialisation) left out
-            row["seconds"] = seconds(step, settings.device, repeats)
-            row["peak_bytes"] = peak_bytes(step, settings.device)
-            del step
+            row.update(measure(unit, name, path, length, settings))
+            row.pop("base_rss_bytes")
         rows.append(row)
         tick(f"{unit} {name} {path} L={length}")
     return {"settings": asdict(settings), "rows": rows}
@@ -176,9 +233,10 @@ def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lam
 def total_units(settings: LengthSettings) -> int:
     per_length = 0
     if "call" in settings.units:
-        per_length += 1 + len(PATHS[1:]) * len(settings.specs)
-    if "layer" in settings.units:
-        per_length += 1 + len(PATHS[1:]) * len(settings.layer_specs)
+        per_length += 1 + len(settings.paths) * len(settings.specs)
+    for unit in ("layer", "model"):
+        if unit in settings.units:
+            per_length += 1 + len(settings.paths) * len(settings.layer_specs)
     return per_length * len(settings.lengths)
 
 
@@ -188,13 +246,17 @@ def lengths_markdown(result: dict) -> str:
     lengths = sorted({r["L"] for r in rows})
     gpu = str(result["settings"]["device"]).startswith("cuda")
     clock = "wall s" if gpu else "CPU s"
+    resident = any("extra_rss_bytes" in r for r in rows)
+    cell = "extra peak MB (profiler) / extra resident MB / peak resident MB / " if resident else "extra peak MB / "
+    checkpointed = ", activation checkpointing" if result["settings"].get("checkpointing") else ""
     lines = []
-    for unit, title in (("call", "one attention call"), ("layer", "one SmolLM2 decoder layer")):
+    for unit, title in (("call", "one attention call"), ("layer", f"one SmolLM2 decoder layer{checkpointed}"),
+                        ("model", f"the whole SmolLM2-135M (30 layers, vocabulary 49152, loss){checkpointed}")):  # fmt: skip
         chosen = [r for r in rows if r["unit"] == unit]
         if not chosen:
             continue
         lines += ["", f"{title} (SmolLM2 head shape: 9 query / 3 key-value heads, D = 64, causal, batch 1, fp32, "
-                  f"forward + backward): extra peak MB / {clock}", "",
+                  f"forward + backward): {cell}{clock}", "",
                   "| spec | path | " + " | ".join(f"L = {n}" for n in lengths) + " |",
                   "|---|---|" + "---:|" * len(lengths)]
         keys = list(dict.fromkeys((r["spec"], r["path"]) for r in chosen))
@@ -204,6 +266,10 @@ def lengths_markdown(result: dict) -> str:
                 r = next((r for r in chosen if r["spec"] == spec and r["path"] == path and r["L"] == n), None)
                 if r is None or "skipped" in r:
                     cells.append("-")
+                elif "extra_rss_bytes" in r:
+                    profiled = f"{r['peak_bytes'] / 2**20:.0f}" if "peak_bytes" in r else "-"
+                    cells.append(f"{profiled} / {r['extra_rss_bytes'] / 2**20:.0f} / "
+                                 f"{r['max_rss_bytes'] / 2**20:.0f} / {r['seconds']:.2f}")
                 else:
                     cells.append(f"{r['peak_bytes'] / 2**20:.0f} / {r['seconds']:.2f}")
             lines.append(f"| {spec} | {path} | " + " | ".join(cells) + " |")
@@ -214,5 +280,5 @@ def lengths_markdown(result: dict) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
-__all__ = ["PATHS", "LengthSettings", "call_step", "layer_step", "lengths_markdown", "peak_bytes",
-           "run_length_sweep", "seconds", "total_units"]
+__all__ = ["PATHS", "LengthSettings", "call_step", "layer_step", "lengths_markdown", "measure", "model_step",
+           "peak_bytes", "run_length_sweep", "seconds", "total_units"]

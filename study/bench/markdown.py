@@ -31,12 +31,13 @@ def to_markdown(result: dict) -> str:
                   f"vocab {sh['vocab_size']}, batch {sh['batch_size']} x {sh['seq_len']} ({model['params'] / 1e6:.1f} M params); "
                   f"{model['steps']['warmup']} warm-up + {model['steps']['rounds']} x {model['steps']['chunk']} steps",
                   ""]
-        header = "| variant | path | step ms | x sdpa | x eager | tokens/s | peak MB | x mem |"
-        rule = "|---|---|---:|---:|---:|---:|---:|---:|"
+        header = "| variant | path | step ms | x sdpa | x eager | tokens/s | peak MB | x mem | max RSS MB | x RSS |"
+        rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
         if gpu:
             header, rule = header + " MFU |", rule + "---:|"
         lines += [header, rule]
         mem0 = next((r.get("memory", {}).get("peak_bytes") for r in model["rows"] if r["name"] == "stock sdpa"), None)
+        rss0 = next((r.get("memory", {}).get("max_rss_bytes") for r in model["rows"] if r["name"] == "stock sdpa"), None)
         for r in model["rows"]:
             step = r["time"].get("step_s")
             peak = r.get("memory", {}).get("peak_bytes")
@@ -47,6 +48,8 @@ def to_markdown(result: dict) -> str:
             cells = [r["name"] + (" (FAILED)" if "error" in r else ""), path, _fmt(step and step * 1e3, ".1f"),
                      _fmt(r["ratio_vs_sdpa"]), _fmt(r["ratio_vs_eager"]), _fmt(r["tokens_per_s"], ".0f"),
                      _fmt(peak and peak / 2**20, ".1f"), _fmt(ratio_or_none(peak, mem0))]
+            rss = r.get("memory", {}).get("max_rss_bytes")
+            cells += [_fmt(rss and rss / 2**20, ".0f"), _fmt(ratio_or_none(rss, rss0))]
             if gpu:
                 cells.append(_fmt(r.get("mfu"), ".1%"))
             lines.append("| " + " | ".join(cells) + " |")

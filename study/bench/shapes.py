@@ -77,6 +77,7 @@ class Settings:
     device: str = "cpu"
     precision: str = "32-true"
     parity: bool = False  # also check every attention path against stock on a batch (`study.bench.parity`)
+    fresh_process: bool = True  # each variant's memory pass in a process of its own: its peak resident memory
 
 
 def variants(settings: Settings, monitors_available: bool) -> list[Variant]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -19,6 +20,7 @@ from study.bench.parity import check_parity
 from study.bench.shapes import Settings, monitor_classes, variants
 from study.bench.timing import build_module, summarise_times, time_one_at_a_time, time_variants
 from study.progress import Progress
+from study.resident import in_fresh_process
 
 
 def analysis_speed(settings: Settings) -> list[dict]:
@@ -115,10 +117,16 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
                 for v, row in zip(vs, rows):
                     if "error" in row:
                         continue
-                    try:
-                        row["memory"] = measure_memory(shape, v, settings, classes, os.path.join(log_root, "memory"))
+                    log_dir = os.path.join(log_root, "memory")
+                    try:  # a process of its own per variant: its peak resident memory, and nothing kept here
+                        if settings.fresh_process:
+                            memory, resident = in_fresh_process(measure_memory, shape, v, settings, classes, log_dir)
+                            row["memory"] = {**memory, **resident}
+                        else:
+                            row["memory"] = measure_memory(shape, v, settings, classes, log_dir)
                     except Exception:  # noqa: BLE001 - reported, not fatal
                         row["memory_error"] = traceback.format_exc(limit=4)
+                    gc.collect()  # the variant's model, optimizer and trainer (cycles) go before the next one
                     bar.advance(v.name)
             base = {r["name"]: r for r in rows}
             sdpa, eager = base["stock sdpa"]["time"].get("step_s"), base["stock eager"]["time"].get("step_s")

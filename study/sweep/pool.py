@@ -189,6 +189,8 @@ class SweepProgress:
         ppl = (status.get("metrics") or {}).get(tags.VAL_PPL)
         if ppl is not None:
             extra.append(f"{tags.VAL_PPL} {ppl:.4g}")
+        if not skipped and status.get("max_rss_bytes"):  # its process's peak resident memory (`execute_run`)
+            extra.append(f"peak {status['max_rss_bytes'] / 1e9:.1f} GB")
         if reason:
             extra.append(reason)
         eta = self.eta()

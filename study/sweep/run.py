@@ -377,6 +377,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     """
     from study.callbacks.nonfinite import NonFiniteGuard
     from study.fit import lightning_main
+    from study.resident import max_rss_bytes
 
     run.dir.mkdir(parents=True, exist_ok=True)
     problem = None
@@ -450,7 +451,8 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
             raise SystemExit(128 + 15 if "SIGTERM" in type(err).__name__ else 1) from err
         raise
     finally:
-        status.update(ended=utc_now(), duration_s=round(time.perf_counter() - start, 2))
+        # the process's peak resident memory: the run's own in a pool subprocess, the sweep's so far in process
+        status.update(ended=utc_now(), duration_s=round(time.perf_counter() - start, 2), max_rss_bytes=max_rss_bytes())
         write_status(run.dir, status)
         del cli
         gc.collect()

@@ -66,10 +66,19 @@ class WindowNorms:
         """Gradients of ``loss`` down to the hooked tensors only: no weight gradient is formed (the hooks need
         none), then the per-window embedding gradients."""
         wanted = [t for t in self.outputs if t.requires_grad]
-        if wanted:
-            torch.autograd.grad(loss, wanted, allow_unused=True)
-        for step in self.after_backward:
-            step()
+        try:
+            if wanted:
+                torch.autograd.grad(loss, wanted, allow_unused=True)
+            for step in self.after_backward:
+                step()
+        finally:
+            del wanted
+            self.release()
+
+    def release(self) -> None:
+        """Drop the hooked tensors: their gradient hooks point back at this collector, a cycle through autograd
+        that Python's garbage collector cannot see, so each forward's activations would otherwise stay alive."""
+        self.outputs.clear()
 
     def norms(self, key: str, layer: int) -> list[float]:
         return self.squares[key][layer].sqrt().tolist()
@@ -135,6 +144,7 @@ def window_gradients(model: nn.Module, batch: Tensor, layers: int, residual: boo
     try:
         yield found
     finally:
+        found.release()  # also when no backward ran (an exception in the forward)
         for handle in handles:
             handle.remove()
 

@@ -198,3 +198,13 @@ def probe_layer(layer: int, quantity: str) -> str:
 def probe_single_layer(layer: int, quantity: str) -> str:
     """``probe/single_layer_{l}/{quantity}``: T lowered in layer l only (grad_attn_qk, loss, jacobian/p50, ...)."""
     return probe(f"single_layer_{layer}/{quantity}")
+
+
+# ---- the fp64 check of step-0 gradients (Fp64GradientCheck) -----------------------------------------------------
+def fp64_ratio(group: str) -> str:
+    """``fp64_check/{group}``: fp32 / fp64 of a gradient norm at step 0, the same batch and weights in both."""
+    return f"fp64_check/{group}"
+
+
+FP64_RATIO_QK = fp64_ratio("attn_qk")  # sqrt(|g_Wq|^2 + |g_Wk|^2) over every layer
+FP64_RATIO_LAST_QK = fp64_ratio("last_block/attn_qk")  # the same for the last layer alone

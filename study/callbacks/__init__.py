@@ -31,8 +31,8 @@ Example::
 from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.baseline import BaselineValidation
-from study.callbacks.fp64_check import Fp64GradientCheck
 from study.callbacks.fixed_batch import FixedBatchLoss
+from study.callbacks.fp64_check import Fp64GradientCheck
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.jacobian import AttentionJacobianMonitor
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout

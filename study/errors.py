@@ -14,6 +14,30 @@ class ConfigError(ValueError):
     """A config file or specification that cannot run; raised before any run starts."""
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently) and reads
+    `1e-300` as the number it is (YAML 1.1, PyYAML's dialect, wants a dot in a float: `1e-300` was a string)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (also on line {seen[key].start_mark.line + 1})", mark
+                )
+            seen[key] = key_node  # type: ignore[index]
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def load_yaml(path: str | Path) -> Any:
     """A YAML file's content; a syntax error or a non-text file raises `ConfigError` as `file:line:column: ...`."""
     path = Path(path)
@@ -22,7 +46,7 @@ def load_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a text (YAML) file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader: no Python object is built
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

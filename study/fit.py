@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from typing_extensions import override
 
@@ -84,6 +86,65 @@ class StudyModelSummary(ModelSummary):
         _summary_log.info("\n" + "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops")))
 
 
+class VerifiedCheckpointIO(CheckpointIO):
+    """The trainer's checkpoint I/O, made safe on both sides; every load and save of a `study fit` goes through it.
+
+    Load: the file is verified first (`study.checkpoints.checkpoint_problem`: every record's CRC-32, data only) and
+    read with `weights_only=True` whatever the caller or the environment asked for, so `--ckpt_path last` (a keyword
+    Lightning resolves to a file only here) gets the same check as a named file. Save: written beside the target and
+    renamed over it once flushed to disk, so a kill or a full disk during the write leaves the previous checkpoint
+    whole instead of a truncated one.
+    """
+
+    def __init__(self, inner: CheckpointIO) -> None:
+        self.inner = inner
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        target = Path(path)
+        if "://" in str(path):  # a remote store: its own client writes it
+            self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            self.inner.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        if "://" not in str(path) and (problem := checkpoint_problem(path)):
+            raise ConfigError(damaged_checkpoint_message(str(path), problem))
+        return self.inner.load_checkpoint(path, map_location=map_location, weights_only=True)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    @override
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def verify_checkpoints(trainer: L.Trainer) -> None:
+    """Route the trainer's checkpoint loads and saves through `VerifiedCheckpointIO` (once)."""
+    strategy = trainer.strategy
+    if not isinstance(strategy.checkpoint_io, VerifiedCheckpointIO):
+        strategy.checkpoint_io = VerifiedCheckpointIO(strategy.checkpoint_io)
+
+
+def damaged_checkpoint_message(path: str, problem: str) -> str:
+    what = "it is not a checkpoint to trust" if problem.startswith("UnpicklingError") else "it is damaged"
+    return (
+        f"--ckpt_path {path} does not load ({problem}); {what}: remove it and resume from an earlier "
+        "checkpoint of the run (or start over)"
+    )
+
+
 # Lightning's defaults -> the study's versions (exact types only: a user's own subclass is kept as it is).
 _CONSOLE_CALLBACKS = {
     RichProgressBar: StudyRichProgressBar,
@@ -116,6 +177,7 @@ class StudyCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         quiet_console(trainer)
+        verify_checkpoints(trainer)
         return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -299,11 +361,7 @@ def _check_ckpt_path(argv: list[str]) -> None:
     paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
     for path in paths:
         if Path(path).is_file() and (problem := checkpoint_problem(path)):
-            what = "it is not a checkpoint to trust" if problem.startswith("UnpicklingError") else "it is damaged"
-            raise ConfigError(
-                f"--ckpt_path {path} does not load ({problem}); {what}: remove it and resume from an earlier "
-                "checkpoint of the run (or start over)"
-            )
+            raise ConfigError(damaged_checkpoint_message(path, problem))
 
 
 def _config_files(argv: list[str]) -> list[str]:

@@ -41,7 +41,7 @@ from tensorboard.plugins.hparams.metadata import (
 
 from study import tags
 
-STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer"))
+STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer", "qk_norm"))
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
 
 HPARAMS_METRICS = {

@@ -10,6 +10,7 @@ under its former name (configs and checkpoints that name it keep working).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from functools import partial
@@ -30,6 +31,7 @@ from study.pretrained import declare_causal_lm_loss, load_causal_lm
 
 TRAINABLE = ("all", "attention")
 OPTIMIZERS = ("adamw", "sgd")
+TEMPERATURE_IN = ("softmax", "init")
 
 
 class CausalLMModule(L.LightningModule):
@@ -58,6 +60,19 @@ class CausalLMModule(L.LightningModule):
         betas: AdamW betas.
         warmup_steps: linear warm-up steps before the cosine decay.
         min_lr_ratio: final learning rate as a fraction of the peak at the end of cosine decay.
+        adam_epsilon: AdamW's epsilon (PyTorch's default, 1e-8, is also Wortsman et al. 2023's).
+        independent_weight_decay: False: PyTorch's AdamW decay, ``lr_t * weight_decay`` per step (coupled to the
+            learning rate). True: the decay Wortsman et al. 2023 use, ``s_t * weight_decay`` per step with s_t the
+            schedule's factor, independent of the peak learning rate (so an LR sweep does not also sweep the
+            decay); built as PyTorch's with ``weight_decay / learning_rate``.
+        z_loss: coefficient of the auxiliary z-loss, ``z_loss * mean(log Z)^2`` over the output softmax's
+            normalisers (PaLM; Wortsman et al. 2023 use 1e-4), added to the training loss only (validation reports
+            the plain cross-entropy); logged as ``train/z_loss``. 0 (the default): none.
+        temperature_in: where the spec's temperature T acts. "softmax" (the default): scores are l / T.
+            "init": the init-scale control of a model built from scratch: W_q and W_k (and their biases) start
+            scaled by T^-1/2 each and the softmax runs at T = 1, the same function at step 0 (q.k / T) whose
+            later steps differ only through the optimiser (under AdamW a weight's step does not scale with it).
+            The HParams still show T, with ``temperature_in`` beside it.
         hparams_experiment: declare a one-run TensorBoard HParams experiment (temperature, top-k and normaliser
             first); False: none; a path: the sweep's declaration of one experiment for all its runs
             (`<sweep>/hparams.json`, `study.hparams`), which `study sweep` passes.
@@ -90,6 +105,10 @@ class CausalLMModule(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
+        adam_epsilon: float = 1e-8,
+        independent_weight_decay: bool = False,
+        z_loss: float = 0.0,
+        temperature_in: str = "softmax",
         hparams_experiment: bool | str = True,
         hparams_session: bool = True,
     ) -> None:
@@ -98,7 +117,19 @@ class CausalLMModule(L.LightningModule):
             raise ValueError(f"trainable={trainable!r}; choose one of {TRAINABLE}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r}; choose one of {OPTIMIZERS}")
+        if temperature_in not in TEMPERATURE_IN:
+            raise ValueError(f"temperature_in={temperature_in!r}; choose one of {TEMPERATURE_IN}")
+        for name, value in (("adam_epsilon", adam_epsilon), ("z_loss", z_loss)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}={value!r}; must be a finite number >= 0")
         attention = attention or AttentionSpec()
+        if temperature_in == "init":
+            if model_name_or_path:
+                raise ValueError(f"temperature_in='init' scales a model's initial W_q and W_k; {model_name_or_path!r} "
+                                 "is loaded, not initialised (build it from scratch: model_name_or_path null)")
+            if attention.qk_norm:
+                raise ValueError("temperature_in='init' with qk_norm=True: QK-norm divides out the initial scale of "
+                                 "q and k, so the fold would do nothing")
         # `logger=False`: hyperparameters go to TensorBoard from `on_fit_start`, flattened and declared together
         # with the metrics that HParams compares runs by.
         self.save_hyperparameters(logger=False)
@@ -130,7 +161,11 @@ class CausalLMModule(L.LightningModule):
         context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
         if block_size is not None and context is not None and block_size > context:
             raise ValueError(f"block_size={block_size} exceeds the model's context of {context} positions")
-        apply_attention_spec(self.model, attention)
+        if temperature_in == "init":
+            fold_temperature_into_init(self.model, attention.temperature)
+            apply_attention_spec(self.model, dataclasses.replace(attention, temperature=1.0))
+        else:
+            apply_attention_spec(self.model, attention)
         if trainable == "attention":
             freeze_all_but_attention(self.model)
         self.attention = attention
@@ -147,13 +182,21 @@ class CausalLMModule(L.LightningModule):
 
     @override
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
-        loss = self.loss(batch)
+        if self.hparams.get("z_loss", 0.0):
+            ids = batch["input_ids"]
+            out = self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids)
+            loss = out.loss
+            z_loss = z_loss_term(out.logits, batch.get("attention_mask"))
+            self.log(tags.TRAIN_Z_LOSS, z_loss)
+            total = loss + self.hparams.z_loss * z_loss
+        else:
+            loss = total = self.loss(batch)
         ppl = torch.exp(loss.detach().float().clamp(max=50))
         self.log(tags.TRAIN_LOSS, loss, prog_bar=True)
         self.log(tags.TRAIN_PPL, ppl)
         # the same values under the names that lead TensorBoard's pages (`tags.LEADING`)
         self.log_dict({tags.LEADING[tags.TRAIN_LOSS]: loss.detach(), tags.LEADING[tags.TRAIN_PPL]: ppl})
-        return loss
+        return total
 
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
@@ -176,10 +219,14 @@ class CausalLMModule(L.LightningModule):
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
         groups = [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if hp.get("independent_weight_decay", False):
+            # PyTorch decays by lr_t * wd = lr * s_t * wd; wd / lr makes that s_t * wd, whatever the peak lr.
+            groups[0]["weight_decay"] = hp.weight_decay / hp.learning_rate
         if hp.get("optimizer", "adamw") == "sgd":
             optimizer = torch.optim.SGD(groups, lr=hp.learning_rate)
         else:
-            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=tuple(hp.betas))
+            optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=tuple(hp.betas),
+                                          eps=hp.get("adam_epsilon", 1e-8))
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, partial(warmup_cosine, warmup=min(hp.warmup_steps, total), total=total, floor=hp.min_lr_ratio)
@@ -206,6 +253,8 @@ class CausalLMModule(L.LightningModule):
             block_size=hp.block_size or 0,
             attention_layers=len(attention_modules(self.model)),
             trainable=hp.get("trainable", "all"),
+            temperature_in=hp.get("temperature_in", "softmax"),
+            z_loss=hp.get("z_loss", 0.0),
         )
         if os.environ.get("PL_GLOBAL_SEED"):  # set by `seed_everything` (the CLI's `seed_everything` option)
             summary["seed"] = int(os.environ["PL_GLOBAL_SEED"])
@@ -219,6 +268,40 @@ def freeze_all_but_attention(model: torch.nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} has no attention modules to train")
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
+
+
+def fold_temperature_into_init(model: torch.nn.Module, temperature: float) -> None:
+    """Scale every layer's W_q and W_k (and biases) by T^-1/2, so q.k at T = 1 is the model's q.k / T.
+
+    GPT-2's fused ``c_attn`` (Conv1D: q, k, v side by side in its output columns) and modules with separate
+    ``q_proj`` / ``k_proj`` (Llama family) are known; any other attention module is refused by name.
+    """
+    factor = temperature**-0.5
+    with torch.no_grad():
+        for module in attention_modules(model):
+            c_attn = getattr(module, "c_attn", None)
+            if c_attn is not None and hasattr(module, "split_size"):
+                width = module.split_size
+                c_attn.weight[:, : 2 * width].mul_(factor)
+                if c_attn.bias is not None:
+                    c_attn.bias[: 2 * width].mul_(factor)
+            elif hasattr(module, "q_proj") and hasattr(module, "k_proj"):
+                for proj in (module.q_proj, module.k_proj):
+                    proj.weight.mul_(factor)
+                    if getattr(proj, "bias", None) is not None:
+                        proj.bias.mul_(factor)
+            else:
+                raise ValueError(f"temperature_in='init': cannot find W_q and W_k in {type(module).__name__} "
+                                 "(known: GPT-2's c_attn, q_proj/k_proj)")
+
+
+def z_loss_term(logits: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """mean(log Z)^2 over the positions that predict a next token (the padded ones left out), in fp32."""
+    log_z = logits[:, :-1].float().logsumexp(dim=-1)
+    if attention_mask is None:
+        return log_z.pow(2).mean()
+    keep = attention_mask[:, 1:].to(log_z.dtype)
+    return (log_z.pow(2) * keep).sum() / keep.sum().clamp(min=1)
 
 
 # The former name: configs, imports and checkpoints that say GPT2Module keep working.

@@ -36,6 +36,7 @@ def pretrain(tag: str) -> str:
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"
+TRAIN_Z_LOSS = "train/z_loss"  # the auxiliary z-loss, mean (log Z)^2 (CausalLMModule z_loss > 0)
 FIXED_BATCH_LOSS = "train/fixed_batch_loss"  # FixedBatchLoss: one held-out batch, the same at every step
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
@@ -100,6 +101,20 @@ def attention_map(layer: int, head: int) -> str:
     return f"attention_map/layer_{layer}/head_{head}"
 
 
+# the attention logits (AttentionLogitMonitor): attention(statistic, layer[, head]) and attention_spread
+LOGIT_STATISTICS = ("max_logit", "max_logit_raw", "logit_mean", "logit_std")
+MAX_LOGIT = attention_spread("max_logit", "max")  # the largest scaled logit over the logged layers (MaxLogit)
+MAX_LOGIT_RAW = attention_spread("max_logit_raw", "max")  # the same before T: MAX_LOGIT = MAX_LOGIT_RAW / T
+
+# the first visible key (AttentionSinkMonitor): attention(statistic, layer[, head])
+SINK_STATISTICS = ("first_key_weight", "sink_rate")
+SINK_RATE = attention("sink_rate")  # the share of (layer, head) pairs whose mean first-key weight exceeds 0.3
+
+# EntropyCollapseAlert
+ENTROPY_COLLAPSE_TEXT = "alerts/entropy_collapse"  # a text entry at each step where a layer collapses
+ENTROPY_COLLAPSE_LAYERS = "alerts/entropy_collapse_layers"  # layers collapsed so far, at every measured step
+
+
 # the Jacobian of the attention map, on sampled rows (AttentionJacobianMonitor)
 def jacobian(statistic: str) -> str:
     """``attention/jacobian/{statistic}``: mean, max, layer_{l} (spectral norms), entry_ratio_mean,
@@ -146,6 +161,8 @@ def _leading_tags() -> dict[str, str]:
         attention("entropy"): "entropy_layer_mean",
         attention("normalized_entropy"): "normalized_entropy_layer_mean",
         jacobian("mean"): "attention_jacobian_layer_mean",
+        MAX_LOGIT: "max_attention_logit",
+        SINK_RATE: "sink_rate",
         GRAD_NORM: "grad_norm_total",
         GRAD_Q: "grad_norm_W_q",
         GRAD_K: "grad_norm_W_k",

@@ -197,10 +197,18 @@ def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):
     Lemma 1 bins are consistent: n = 1 rows have max weight 1, and the bins cover the causal row lengths 1..16."""
     import re
 
-    from study.callbacks import AttentionJacobianMonitor, GradientNormMonitor
+    from study.callbacks import (
+        AttentionJacobianMonitor,
+        AttentionLogitMonitor,
+        AttentionSinkMonitor,
+        EntropyCollapseAlert,
+        GradientNormMonitor,
+    )
 
     monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1, selection_ks=(2,)),
-                GradientNormMonitor(every_n_steps=1), AttentionJacobianMonitor(every_n_steps=1, rows=4)]  # fmt: skip
+                GradientNormMonitor(every_n_steps=1), AttentionJacobianMonitor(every_n_steps=1, rows=4),
+                AttentionLogitMonitor(every_n_steps=1), AttentionSinkMonitor(every_n_steps=1),
+                EntropyCollapseAlert(every_n_steps=1)]  # fmt: skip
     make_trainer(tmp_path, monitors, max_steps=2, gradient_clip_val=1.0).fit(
         LlamaModule(AttentionSpec(temperature=0.5)), token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1)
     )

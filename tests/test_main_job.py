@@ -72,6 +72,8 @@ def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
     monitors = {cb["class_path"].rsplit(".", 1)[-1] for cb in default["trainer"]["callbacks"]
                 if cb["class_path"].startswith("study.callbacks")}
     assert monitors <= set(names)
+    # the stability literature's signals, added by the sweep (max logit, sinks, the collapse alert)
+    assert {"AttentionLogitMonitor", "AttentionSinkMonitor", "EntropyCollapseAlert"} <= set(names)
     for cb in trainer["callbacks"]:
         every = (cb.get("init_args") or {}).get("every_n_steps")
         if cb["class_path"].startswith("study.callbacks") and every is not None:

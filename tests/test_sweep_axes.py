@@ -25,7 +25,8 @@ def test_run_names_are_unchanged_for_the_four_paper_axes():
 
 def test_every_axis_labels_distinct_values_distinctly():
     samples = {"temperature": [0.1, 0.10000001, 1], "top_k": [None, 1, 16], "normalizer": ["softmax", "ssmax"],
-               "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3], "optimizer": ["adamw", "sgd"]}
+               "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3], "optimizer": ["adamw", "sgd"],
+               "qk_norm": [False, True], "temperature_in": ["softmax", "init"]}
     assert set(samples) == set(grid_keys())  # a new axis needs a sample here
     for axis in AXES:
         labels = [axis.label(v) for v in samples[axis.key]]
@@ -40,6 +41,16 @@ def test_a_swept_learning_rate_reaches_options_names_and_hparams(tmp_path):
     domains = plan.hparams_domains()
     assert domains["learning_rate"] == [1e-3, 3e-3] and domains["attention/temperature"] == [0.5, 0.5]
     assert domains["attention/top_k"] == ["all", "all"]  # labelled as the module writes it
+
+
+def test_the_qk_norm_arm_and_the_init_scale_control_reach_options_and_names(tmp_path):
+    plan = build_plan(write_spec(tmp_path, {"temperature": [0.1], "qk_norm": [True]}))
+    assert [r.name for r in plan.runs] == ["T0.1_kall_softmax_s0_qkn"]
+    assert plan.runs[0].resolved["model"]["attention"]["qk_norm"] is True
+    plan = build_plan(write_spec(tmp_path, {"temperature": [0.1], "temperature_in": ["init"]}))
+    assert [r.name for r in plan.runs] == ["T0.1_kall_softmax_s0_Tininit"]
+    assert plan.runs[0].resolved["model"]["temperature_in"] == "init"
+    assert plan.hparams_domains()["temperature_in"] == ["init"]
 
 
 def test_an_axis_left_out_takes_the_value_the_runs_get(tmp_path):
@@ -90,7 +101,7 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
     assert plan.runs[1].resolved["model"]["attention"]["alpha"] == 2
     assert plan.runs[0].params == {"temperature": 0.5, "top_k": None, "normalizer": "entmax", "seed": 0,
                                    "learning_rate": plan.runs[0].params["learning_rate"], "optimizer": "adamw",
-                                   "alpha": 1.5}
+                                   "qk_norm": False, "temperature_in": "softmax", "alpha": 1.5}
     assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
     assert plan.as_dict()["grid_keys"][-1] == "alpha"
     with pytest.raises(SweepSpecError, match="grid `alpha` value 'x' is invalid"):

@@ -1,7 +1,7 @@
 """Attention normalisation in pure torch, and (loaded on first use) its registration with Hugging Face transformers.
 
 Public API:
-    AttentionSpec           normaliser, temperature T, top-k selection, layers
+    AttentionSpec           normaliser, temperature T, top-k selection, layers, QK-norm (`QKNorm`: its gains)
     apply_attention_spec    switch any transformers model (GPT-2, Llama, BERT, ViT, ...) to a spec
     attend                  the same computation for models that are not from transformers
     tapping, AttentionTap   let monitors observe attention rows on the steps they log
@@ -9,7 +9,7 @@ Public API:
     blockwise_settings      when the explicit path runs in blocks of query rows (long contexts), and their size
 
 Layers, bottom up: `registry` (the `Normalizer` base and the name table) <- `select` (top-k, one tie rule) <-
-`normalizers` (the built-ins) <- `spec` <- `tap` <- `blockwise` <- `core` (`attend`) <- `hf` (transformers).
+`normalizers` (the built-ins) <- `spec` <- `qknorm` <- `tap` <- `blockwise` <- `core` (`attend`) <- `hf` (transformers).
 Importing this package does not import transformers: the names that need it (`apply_attention_spec`,
 `attention_modules`, `current_spec`, `IMPLEMENTATION`) load `study.attention.hf` when first read.
 """
@@ -17,10 +17,11 @@ Importing this package does not import transformers: the names that need it (`ap
 from study.attention.blockwise import BlockwiseSettings, blockwise_settings
 from study.attention.core import attend, causal_allowed
 from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
+from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class, register_normalizer
 from study.attention.select import top_k_indices
 from study.attention.spec import STOCK, AttentionSpec
-from study.attention.tap import AttentionInputs, AttentionTap, active_taps, tapping
+from study.attention.tap import AttentionInputs, AttentionLogits, AttentionTap, active_taps, tapping
 
 _HF_NAMES = ("IMPLEMENTATION", "apply_attention_spec", "attention_modules", "current_spec")
 
@@ -39,10 +40,12 @@ __all__ = [
     "NORMALIZERS",
     "STOCK",
     "AttentionInputs",
+    "AttentionLogits",
     "AttentionSpec",
     "AttentionTap",
     "BlockwiseSettings",
     "Normalizer",
+    "QKNorm",
     "active_taps",
     "apply_attention_spec",
     "attend",

@@ -12,6 +12,10 @@ at a time (each query's weights depend on that query's scores only; a `Normalize
 - backward: each block is recomputed from q, k and v (`torch.utils.checkpoint`, non-reentrant, with the RNG state
   kept so dropout draws the same mask) and differentiated on its own, so no weights are kept between the passes.
 
+Taps see each block once, in the forward pass: its weights over whole rows, and (for a tap that reads logits,
+`study.attention.tap.AttentionLogits`) its logits over the key columns the block reaches; per-block maxima and sums
+merge into the call's exactly.
+
 Extra memory is then a few (B, H, block, Lk) tensors instead of (B, H, Lq, Lk), i.e. O(L x block); the output
 and the gradients are those of the dense explicit path (the same function on the same rows). The price is one
 more forward computation of the attention weights during the backward pass.

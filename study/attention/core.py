@@ -2,6 +2,7 @@
 
 The logit of key j for query i, in this order (the model's own logit first, then the temperature):
 
+    q, k = qk_norm(q, k)                          with ``spec.qk_norm`` only (`study.attention.qknorm`)
     l_ij = q_i.k_j * scaling                      the model's scale (1/sqrt(D) by default)
     l_ij = softcap * tanh(l_ij / softcap)         the model's soft-capping (Gemma 2), if given
     l_ij = l_ij + bias_ij                         the model's additive biases: ``logit_bias`` (T5's position bias)
@@ -20,7 +21,7 @@ Two paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
   ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
-  monitors use to read the weights. When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
+  monitors use to read the weights (and, for a tap that asks, the logits: `study.attention.tap.AttentionLogits`). When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
   (`study.attention.blockwise`): the same rows computed a block of queries at a time, each block recomputed in
   the backward pass, so its memory grows as O(L x block) instead of O(L^2).
 """
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from study.attention import blockwise, tap
 from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
+from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
 from study.attention.select import top_k_indices
 from study.attention.spec import AttentionSpec
@@ -147,6 +149,7 @@ def attend(
     logit_bias: Tensor | None = None,
     sinks: Tensor | None = None,
     sliding_window: int | None = None,
+    qk_norm: QKNorm | None = None,
 ) -> Tensor:
     """Attention output for queries (B, H, Lq, D) over keys/values (B, Hkv, Lk, D); returns (B, H, Lq, Dv).
 
@@ -165,6 +168,9 @@ def attend(
         logit_bias: additive logit bias broadcastable to (B, H, Lq, Lk) (T5's position bias), before T.
         sinks: (H,) one sink logit per query head (gpt-oss); softmax only.
         sliding_window: keys fewer than this many positions away stay visible (see `window_allowed`).
+        qk_norm: the layer's QK-norm gains, used when ``spec.qk_norm`` (built with gains of 1 when omitted;
+            transformers models get one per layer from `apply_attention_spec`). q and k are normalised first,
+            before the scale and every transform below, on every path.
 
     The order of these transforms is in the module docstring. The normaliser gets the allowed keys after top-k
     selection and, as ``visible``, the mask before it (SSMax's n counts the visible keys).
@@ -172,6 +178,10 @@ def attend(
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
     _check_transforms(query, spec, softcap, sinks, sliding_window)
+    if spec.qk_norm:  # before the paths split: the fused, dense and blockwise paths all see the normalised q, k
+        if qk_norm is None:
+            qk_norm = QKNorm(query.shape[1], key.shape[1]).to(query.device)
+        query, key = qk_norm(query, key)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     q_len, kv_len = query.shape[-2], key.shape[-2]
@@ -214,6 +224,7 @@ def attend(
                 scores = torch.tanh(scores / softcap) * softcap
             if bias is not None:
                 scores = scores + _block_of(bias, rows, keys).to(exact)
+            raw = scores if first_pass and tap.wants_logits() else None  # kept only for a tap that reads logits
             scores = scores / spec.temperature
             weights = _normalize(scores, allowed, spec, normalizer, sinks)
 
@@ -230,7 +241,8 @@ def attend(
                 allowed_seen = F.pad(allowed.expand(*weights.shape[:-1], -1), widths, value=False)
             else:
                 weights_seen, allowed_seen = weights, allowed
-            tap.notify(layer, weights_seen, allowed_seen, spec, inputs)
+            logits = None if raw is None else tap.AttentionLogits(scores.detach(), raw.detach(), allowed, spec)
+            tap.notify(layer, weights_seen, allowed_seen, spec, inputs, logits)
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
         return torch.matmul(weights.to(value.dtype), v_cols)

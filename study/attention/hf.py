@@ -30,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from study.attention import tap
 from study.attention.core import attend
+from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
 
@@ -99,6 +100,7 @@ def _attention_forward(
             logit_bias=position_bias,
             sinks=s_aux,
             sliding_window=sliding_window,
+            qk_norm=None if cross else getattr(module, "study_qk_norm", None),
         )
     return output.transpose(1, 2).contiguous(), None
 
@@ -162,6 +164,27 @@ def _num_heads(module: nn.Module, config) -> int:
     raise ValueError(f"cannot tell the number of heads of {type(module).__name__}")
 
 
+def _num_kv_heads(module: nn.Module, config, num_heads: int) -> int:
+    """Key/value heads of an attention module (fewer than the query heads under grouped-query attention)."""
+    for source, attr in ((module, "num_key_value_heads"), (config, "num_key_value_heads")):
+        value = getattr(source, attr, None)
+        if isinstance(value, int):
+            return value
+    groups = getattr(module, "num_key_value_groups", None)
+    return num_heads // groups if isinstance(groups, int) and groups > 0 else num_heads
+
+
+# Submodule names under which transformers' attention modules keep their own query/key normalisation (Qwen3,
+# OLMo 2, Gemma 3: ``q_norm``; Persimmon, Phi, StableLM: ``q_layernorm``; Chameleon-style ``query_layernorm``).
+OWN_QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
+
+
+def _own_qk_norm(module: nn.Module) -> list[str]:
+    """The names of the query/key normalisation submodules a model's attention module already has."""
+    return [name for name in OWN_QK_NORMS
+            if isinstance(getattr(module, name, None), nn.Module) and not isinstance(getattr(module, name), nn.Identity)]
+
+
 def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """Make every self-attention layer of ``model`` that ``spec.layers`` selects use ``spec``; returns the model.
 
@@ -183,17 +206,34 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     if missing:
         raise ValueError(f"layers {sorted(missing)} not in the model, which has layers 0..{len(modules) - 1}")
     config = getattr(model, "config", None)
+    if spec.qk_norm:
+        # Refused rather than composed: normalising twice would leave the model's own per-dimension weights
+        # before RoPE and a second norm after it, which is neither the model nor the option (docs/attention.md).
+        for layer, module in enumerate(modules):
+            own = _own_qk_norm(module)
+            if own and spec.applies_to(layer):
+                raise ValueError(
+                    f"qk_norm=True, but {type(model).__name__}'s attention ({type(module).__name__}) already "
+                    f"normalises its queries and keys ({', '.join(own)}); use the model's own QK-norm"
+                )
     for m, cross in calls:
         m.study_cross_attention = cross
     for layer, module in enumerate(modules):
         layer_spec = spec if spec.applies_to(layer) else STOCK
         module.study_spec = layer_spec
         module.study_layer = layer
-        normalizer = normalizer_class(layer_spec.normalizer).from_spec(layer_spec, _num_heads(module, config))
+        num_heads = _num_heads(module, config)
+        normalizer = normalizer_class(layer_spec.normalizer).from_spec(layer_spec, num_heads)
         param = next(module.parameters(), None)
         if param is not None:
             normalizer = normalizer.to(device=param.device)
         module.study_normalizer = normalizer
+        if hasattr(module, "study_qk_norm"):  # a spec applied before: its gains go with it
+            del module.study_qk_norm
+        if layer_spec.qk_norm:
+            # A submodule of the attention module: trained under `trainable: attention`, saved in its state dict.
+            qk_norm = QKNorm(num_heads, _num_kv_heads(module, config, num_heads))
+            module.study_qk_norm = qk_norm if param is None else qk_norm.to(device=param.device)
     if config is not None and config._attn_implementation != implementation_for(model):
         model.set_attn_implementation(implementation_for(model))
     return model
@@ -208,7 +248,7 @@ def stock_copy(model: nn.Module, implementation: str = "eager") -> nn.Module:
     """A deep copy of a transformers model running stock attention (for parity checks)."""
     clone = copy.deepcopy(model)
     for module, _ in _attention_calls(clone):
-        for attr in ("study_spec", "study_normalizer", "study_layer", "study_cross_attention"):
+        for attr in ("study_spec", "study_normalizer", "study_layer", "study_cross_attention", "study_qk_norm"):
             if hasattr(module, attr):
                 delattr(module, attr)
     clone.set_attn_implementation(implementation)
@@ -219,6 +259,7 @@ __all__ = [
     "EAGER_MASK_IMPLEMENTATION",
     "IMPLEMENTATION",
     "NO_EFFECT_ARGUMENTS",
+    "OWN_QK_NORMS",
     "apply_attention_spec",
     "attention_modules",
     "current_spec",

@@ -40,6 +40,9 @@ class AttentionSpec:
         alpha, ssmax_scale, self_adjust_variant: the built-ins' options under keys of their own (as configs
             write them): ``alpha=2.0`` is ``options={"alpha": 2.0}``. After construction each holds the resolved
             value when the normaliser has that option, else None.
+        qk_norm: normalise q and k per head (RMS over the head dimension, a trainable scalar gain per head,
+            `study.attention.qknorm`) before their dot product, on every path and with every normaliser; the
+            logits are then bounded by ``g_q g_k d * scaling / T`` (``g^2 sqrt(d) / T`` at the default scale).
 
     Validation happens at construction, so a bad value fails before any model or data is touched.
     """
@@ -53,6 +56,7 @@ class AttentionSpec:
     alpha: float | None = None
     ssmax_scale: float | None = None
     self_adjust_variant: str | None = None
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.normalizer, str):
@@ -74,6 +78,8 @@ class AttentionSpec:
             object.__setattr__(self, "layers", layers)
         if self.learnable is not None and not isinstance(self.learnable, bool):
             raise ValueError(f"learnable must be None, True or False, got {self.learnable!r}")
+        if not isinstance(self.qk_norm, bool):
+            raise ValueError(f"qk_norm must be True or False, got {self.qk_norm!r}")
         given = self._given_options()
         object.__setattr__(self, "options", {**normalizer.options, **given})
         for key in OPTION_KEYS:  # mirrors of the resolved options (None where the normaliser has no such option)
@@ -108,13 +114,14 @@ class AttentionSpec:
 
     def __hash__(self) -> int:  # `options` is a dict: hash its items
         return hash((self.normalizer, self.temperature, self.top_k, self.layers, self.learnable,
-                     tuple(sorted(self.options.items()))))
+                     tuple(sorted(self.options.items())), self.qk_norm))
 
     @property
     def is_stock_softmax(self) -> bool:
         """True when the layer computes plain (temperature-scaled) softmax over all visible keys.
 
-        Such layers run on PyTorch's fused SDPA kernel with the temperature folded into its scale.
+        Such layers run on PyTorch's fused SDPA kernel with the temperature folded into its scale (with
+        ``qk_norm``, on the normalised q and k).
         """
         return self.normalizer == "softmax" and self.top_k is None
 
@@ -129,6 +136,7 @@ class AttentionSpec:
             "top_k": top_k_hparam(self.top_k),
             "layers": "all" if self.layers is None else ",".join(map(str, self.layers)),
             "learnable": self.is_learnable,
+            "qk_norm": self.qk_norm,
         }
         # the normaliser's own options, each a column of its own (a value HParams cannot show becomes its repr)
         for key, value in self.options.items():

@@ -10,6 +10,12 @@ A tap that also defines ``observe_inputs(layer, inputs)`` receives the call's `A
 values, scaling, spec, normaliser): the paper's analyses (`study.frozen.analysis.capture_attention`) record those to
 recompute logits at other temperatures. Monitors need only ``observe``.
 
+A tap that also defines ``observe_logits(layer, logits)`` receives the call's `AttentionLogits`: the logits the
+normaliser sees (q.k scaled by 1/(T sqrt(d)) after the model's own transforms) and the same logits before T, with
+the visible keys. Attention keeps them alive until the taps have seen them only while such a tap is open
+(`wants_logits`); the other taps cost nothing more. On the blockwise path a tap gets one `AttentionLogits` per
+block of query rows, over the key columns that block can reach.
+
 A tap whose ``observe`` only sums over rows may set ``row_blocks = True``: `attend`'s blockwise path
 (`study.attention.blockwise`, long contexts) then hands it each block of query rows as it is computed, several
 ``observe`` calls per attention call with the same layer number, and never forms the whole map (a tap that also
@@ -49,6 +55,24 @@ class AttentionInputs:
     spec: AttentionSpec
     normalizer: nn.Module
     transforms: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AttentionLogits:
+    """The logits of one attention call (or one block of its query rows), detached, fp32 (fp64 for a fp64 model).
+
+    scaled: (B, H, Lq, Lk), what the normaliser sees: z = l / T, top-k picks among them.
+    raw: the same shape, l = q.k * scaling (1/sqrt(d) by default) after the model's own soft-capping and biases
+        (none in GPT-2 or Llama), before T: ``raw / T == scaled`` up to rounding.
+    visible: bool, broadcastable to the logits: the keys the query may see (causal, padding and window masks,
+        before top-k). Entries at other positions are not logits of the model: statistics must mask them.
+    spec: the layer's spec.
+    """
+
+    scaled: Tensor
+    raw: Tensor
+    visible: Tensor
+    spec: AttentionSpec
 
 
 class AttentionTap(Protocol):
@@ -109,6 +133,11 @@ def takes_row_blocks() -> bool:
     return all(getattr(tap, "row_blocks", False) for tap in _state.taps)
 
 
+def wants_logits() -> bool:
+    """Whether an open tap receives the calls' logits (defines ``observe_logits``)."""
+    return any(hasattr(tap, "observe_logits") for tap in _state.taps)
+
+
 def layer_number(layer: int | None) -> int:
     """The layer number taps see for one attention call: ``layer``, or the next number in call order."""
     if layer is None:
@@ -118,11 +147,14 @@ def layer_number(layer: int | None) -> int:
 
 
 def notify(
-    layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None
+    layer: int | None, weights: Tensor, allowed: Tensor, spec: AttentionSpec, inputs: AttentionInputs | None = None,
+    logits: AttentionLogits | None = None,
 ) -> None:
     layer = layer_number(layer)
     weights = weights.detach()
     for tap in _state.taps:
         if inputs is not None and hasattr(tap, "observe_inputs"):
             tap.observe_inputs(layer, inputs)
+        if logits is not None and hasattr(tap, "observe_logits"):
+            tap.observe_logits(layer, logits)
         tap.observe(layer, weights, allowed, spec)

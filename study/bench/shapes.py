@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MONITOR_NAMES = ("AttentionEntropyMonitor", "SelectionUniformityMonitor", "GradientNormMonitor", "AttentionJacobianMonitor",
-                 "AttentionMapMonitor")
+                 "AttentionMapMonitor", "AttentionLogitMonitor", "AttentionSinkMonitor", "EntropyCollapseAlert")
 H100_BF16_PEAK_FLOPS = 989e12
 
 

@@ -5,6 +5,9 @@ Public API:
     SelectionUniformityMonitor  KL/TV to uniform, max weight, effective support, top-k mass and uniformity
     GradientNormMonitor         gradient norms before/after clipping, per block, per kind, per block and kind
     AttentionJacobianMonitor    softmax Jacobian of sampled rows: spectral norm, largest entry x 4T, saturated rows
+    AttentionLogitMonitor       the largest attention logit per layer (scaled by T and raw), mean and std of logits
+    AttentionSinkMonitor        weight on the first visible key per layer, and the sink rate (heads above 0.3)
+    EntropyCollapseAlert        warn (or stop) when a layer's normalised entropy collapses from its step-0 value
     BaselineValidation          a validation epoch at step 0: the frozen model under the new attention
     FixedBatchLoss              the loss on one held-out batch, the same at every logged step (spikes without noise)
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
@@ -14,6 +17,9 @@ Public API:
     TapMonitor                  the shared base class (tap on logging steps, sum, reduce across ranks, log)
 
 Callbacks never import the model: they see attention through `study.attention.tapping`.
+
+Under `transformers.Trainer`: `study.callbacks.hf_trainer.TrainerMonitors` runs the same monitor objects (not
+imported here: it loads the Trainer, which needs the `hf-trainer` extra's accelerate).
 
 Example::
 
@@ -31,20 +37,29 @@ Example::
 from study.callbacks.attention import AttentionEntropyMonitor, SelectionUniformityMonitor
 from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.baseline import BaselineValidation
+from study.callbacks.collapse import EntropyCollapseAlert
 from study.callbacks.fixed_batch import FixedBatchLoss
 from study.callbacks.fp64_check import Fp64GradientCheck
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.jacobian import AttentionJacobianMonitor
+from study.callbacks.layers import MID
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
+from study.callbacks.logits import AttentionLogitMonitor
 from study.callbacks.maps import AttentionMapMonitor, draw_attention_map
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.callbacks.normalizer import NormalizerParameterMonitor, normalizer_parameters
+from study.callbacks.sinks import SINK_THRESHOLD, AttentionSinkMonitor
 
 __all__ = [
+    "MID",
+    "SINK_THRESHOLD",
     "AttentionEntropyMonitor",
     "AttentionJacobianMonitor",
+    "AttentionLogitMonitor",
+    "AttentionSinkMonitor",
     "AttentionMapMonitor",
     "BaselineValidation",
+    "EntropyCollapseAlert",
     "Fp64GradientCheck",
     "FixedBatchLoss",
     "GradientNormMonitor",

@@ -6,7 +6,6 @@ transformers model after `apply_attention_spec` and on any model that calls `stu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import lightning as L
@@ -16,7 +15,16 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
-from study.callbacks.base import VAL, Sums, TapMonitor, nanmean, row_distribution, tensorboard_writers
+from study.callbacks.base import (
+    VAL,
+    Sums,
+    TapMonitor,
+    layer_spread,
+    nanmean,
+    row_distribution,
+    tensorboard_writers,
+)
+from study.callbacks.layers import LayerChoice
 from study.metrics import VISIBLE_BINS, by_visible_sums, entropy_sums, finalize, summarize_rows
 
 
@@ -32,10 +40,7 @@ def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> 
         out[tags.attention(name)] = nanmean(torch.cat([per_layer[k].reshape(-1) for k in sorted(per_layer)]))
         # the spread over layers (of the layer values), the band around the mean in the custom-scalars charts
         # (NaN = a layer with no counted row is left out, without a host sync; NaN if every layer is)
-        layer_values = torch.stack([nanmean(heads) for _, heads in sorted(per_layer.items())])
-        for end, fill in (("min", math.inf), ("max", -math.inf)):
-            value = getattr(layer_values.nan_to_num(nan=fill, posinf=math.inf, neginf=-math.inf), end)()
-            out[tags.attention_spread(name, end)] = torch.where(value.isinf(), math.nan, value)
+        out.update(layer_spread(name, torch.stack([nanmean(heads) for _, heads in sorted(per_layer.items())])))
     return out
 
 
@@ -77,6 +82,7 @@ class AttentionEntropyMonitor(TapMonitor):
         validation: also aggregate over each validation epoch and log ``val/...``.
         per_head: also log one scalar per head.
         histogram: write the histogram over heads.
+        layers: the layers to log (indices, negative from the end, and "mid"); None (default) every layer.
 
     Example::
 
@@ -85,9 +91,10 @@ class AttentionEntropyMonitor(TapMonitor):
     """
 
     def __init__(
-        self, every_n_steps: int = 50, validation: bool = True, per_head: bool = False, histogram: bool = True
+        self, every_n_steps: int = 50, validation: bool = True, per_head: bool = False, histogram: bool = True,
+        layers: LayerChoice = None,
     ) -> None:
-        super().__init__(every_n_steps, validation)
+        super().__init__(every_n_steps, validation, layers)
         self.per_head = per_head
         self.histogram = histogram
 
@@ -155,6 +162,7 @@ class SelectionUniformityMonitor(TapMonitor):
         topk: the former name of ``selection_ks``, refused with a message naming it.
         per_head: also log one scalar per head.
         by_visible: also log max weight and H / log n per bin of the visible count n.
+        layers: the layers to log (indices, negative from the end, and "mid"); None (default) every layer.
 
     Example::
 
@@ -171,8 +179,9 @@ class SelectionUniformityMonitor(TapMonitor):
         per_head: bool = False,
         by_visible: bool = True,
         topk: Sequence[int] | None = None,
+        layers: LayerChoice = None,
     ) -> None:
-        super().__init__(every_n_steps, validation)
+        super().__init__(every_n_steps, validation, layers)
         if topk is not None:  # kept in the signature so that an old config gets this message, not "unknown key"
             raise ValueError(f"SelectionUniformityMonitor's `topk` is now `selection_ks` (the k of its statistics, "
                              f"not the spec's top_k selection): write selection_ks: {list(topk)}")

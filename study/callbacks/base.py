@@ -11,7 +11,7 @@ logs, so on every other step attention keeps its fused fast path and nothing wai
 
 Aggregation is by SUMS (per head: rows, entropy sum, ...), so adding batches, layers and processes is exact and
 one division at the end gives the mean over all rows everywhere. Keys ending in ``_max`` are maxima instead of
-sums. Under DDP the sums are flattened into one tensor and reduced with ``trainer.strategy.reduce`` (one
+sums (accumulated and reduced across ranks with a MAX: the largest attention logit of every rank's batches). Under DDP the sums are flattened into one tensor and reduced with ``trainer.strategy.reduce`` (one
 all-reduce; one more if there are maxima), every rank computes the same values, and rank 0 alone writes them to
 the loggers, so each tag appears once with the reduced value. Every rank must tap the same layers the same number
 of times per logging window (true for data-parallel training; `DistributedSampler` pads validation to equal
@@ -20,6 +20,7 @@ lengths).
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from typing import Any
 
@@ -32,6 +33,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import NORMALIZERS, AttentionSpec, tapping
+from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
 from study.metrics import as_distribution
 
 Sums = dict[int, dict[str, Tensor]]
@@ -130,6 +132,10 @@ class TapMonitor(TapWindow):
     Args:
         every_n_steps: tap and log every this many optimizer steps (step 0 included).
         validation: also measure validation and log ``val/...`` at the end of each validation epoch.
+        layers: the layers to measure and log (`study.callbacks.layers`): indices (negative from the end) and
+            "mid" (n // 2), e.g. ``[0, 1, "mid", -2, -1]``; None (default) every layer. Layer means, spreads and
+            histograms are then over the chosen layers. Until the first tapped forward pass has shown the number
+            of layers, every layer is measured and the others are dropped before logging.
 
     ``summarize`` sums over rows, so a monitor takes its weights in blocks of query rows (``row_blocks``): at long
     contexts `attend`'s blockwise path hands it each block as it is computed and no full attention map exists.
@@ -138,12 +144,15 @@ class TapMonitor(TapWindow):
 
     row_blocks = True
 
-    def __init__(self, every_n_steps: int = 50, validation: bool = True) -> None:
+    def __init__(self, every_n_steps: int = 50, validation: bool = True, layers: LayerChoice = None) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
         super().__init__()
         self.every_n_steps = every_n_steps
         self.validation = validation
+        self.layers = check_layers(layers)
+        self._selected: frozenset[int] | None = None  # `layers` resolved, once the number of layers is known
+        self._largest_layer_seen = -1
         self._sums: dict[str, Sums] = {TRAIN: {}, VAL: {}}
         self._phase: str | None = None
         self._window_step: int | None = None
@@ -154,8 +163,18 @@ class TapMonitor(TapWindow):
 
     # ----- the tap -----------------------------------------------------------------------------------------
 
+    def selects(self, layer: int) -> bool:
+        """Whether ``layer`` is measured: in ``layers``, or not yet known not to be (see `layers`)."""
+        self._largest_layer_seen = max(self._largest_layer_seen, layer)
+        return self.layers is None or self._selected is None or layer in self._selected
+
+    def resolve_layer_choice(self) -> None:
+        """Fix ``layers`` against the number of layers the taps have shown (called after each tapped batch)."""
+        if self.layers is not None and self._selected is None and self._largest_layer_seen >= 0:
+            self._selected = resolve_layers(self.layers, self._largest_layer_seen + 1)
+
     def observe(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> None:
-        if self._phase is None:  # opened by someone else's `tapping(monitor)`: nothing to attribute it to
+        if self._phase is None or not self.selects(layer):  # phase None: someone else's `tapping(monitor)`
             return
         summary = self.summarize(layer, weights, allowed, spec)
         if summary:  # empty: nothing for this monitor in this layer (e.g. a Jacobian of a non-softmax normaliser)
@@ -209,7 +228,8 @@ class TapMonitor(TapWindow):
 
     def _log_phase(self, trainer: L.Trainer, pl_module: L.LightningModule, phase: str, step: int) -> None:
         self.before_reduce(phase)
-        sums = reduce_sums(trainer, self._sums[phase])
+        self.resolve_layer_choice()
+        sums = reduce_sums(trainer, {layer: s for layer, s in self._sums[phase].items() if self.selects(layer)})
         self._sums[phase] = {}
         prefix = PREFIX[phase]
         values = self.compute(sums, phase, trainer, pl_module)
@@ -242,6 +262,7 @@ class TapMonitor(TapWindow):
     ) -> None:
         if self._phase == TRAIN:
             self._close()
+            self.resolve_layer_choice()
         # Log once the optimizer has stepped, so an accumulation window's micro-batches are summed together.
         if self._window_step is not None and trainer.global_step > self._window_step:
             self._log_phase(trainer, pl_module, TRAIN, step=self._window_step)
@@ -270,6 +291,7 @@ class TapMonitor(TapWindow):
     ) -> None:
         if self._phase == VAL:
             self._close()
+            self.resolve_layer_choice()
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -299,3 +321,14 @@ def row_distribution(weights: Tensor, spec: AttentionSpec) -> Tensor:
 def nanmean(values: Tensor) -> Tensor:
     """Mean over the finite-or-not entries that are not NaN (a head with no counted row is NaN = no data)."""
     return values.to(torch.float64).nanmean()
+
+
+def layer_spread(statistic: str, layer_values: Tensor) -> dict[str, Tensor]:
+    """``attention/{statistic}/layer_min`` and ``.../layer_max``: the extreme layer values, the band around the layer
+    mean in the custom-scalars charts (NaN = a layer with no counted row is left out, without a host sync; NaN if
+    every layer is)."""
+    out = {}
+    for end, fill in (("min", math.inf), ("max", -math.inf)):
+        value = getattr(layer_values.nan_to_num(nan=fill, posinf=math.inf, neginf=-math.inf), end)()
+        out[tags.attention_spread(statistic, end)] = torch.where(value.isinf(), math.nan, value)
+    return out

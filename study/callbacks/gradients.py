@@ -3,6 +3,7 @@ block and kind (the per-layer sensitivity of W_q/W_k beside the W_v, W_o and MLP
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import lightning as L
@@ -15,7 +16,10 @@ from typing_extensions import override
 
 from study import tags
 from study.callbacks.base import write_scalars
+from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
 from study.metrics import grouped_grad_norms, nonfinite_grad_count, total_grad_norm
+
+_BLOCK = re.compile(r"block_(\d+)(?:/|$)")  # a grouped norm's block: block_3, block_3/attn_q
 
 
 class GradientNormMonitor(Callback):
@@ -47,6 +51,9 @@ class GradientNormMonitor(Callback):
         every_n_steps: log every this many optimizer steps.
         by: gradient groupings, any of "block", "kind", "block_kind" (see `study.metrics.grouped_grad_norms`).
         per_parameter_every_n_steps: also log one norm per parameter every this many steps (None: never).
+        layers: the blocks whose ``block_{i}`` and ``block_{i}/{kind}`` norms are logged (indices, negative from
+            the end, and "mid", resolved against the blocks that have gradients); None (default) every block. The
+            total and per-kind norms always cover every parameter.
 
     Example::
 
@@ -58,6 +65,7 @@ class GradientNormMonitor(Callback):
         every_n_steps: int = 50,
         by: tuple[str, ...] = ("block", "kind"),
         per_parameter_every_n_steps: int | None = None,
+        layers: LayerChoice = None,
     ) -> None:
         super().__init__()
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
@@ -70,6 +78,7 @@ class GradientNormMonitor(Callback):
         self.every_n_steps = every_n_steps
         self.by = tuple(by)
         self.per_parameter_every_n_steps = per_parameter_every_n_steps
+        self.layers = check_layers(layers)
         self._module: L.LightningModule | None = None
         self._hooks: list[Any] = []
         self._pre: dict[str, Tensor] | None = None
@@ -99,7 +108,7 @@ class GradientNormMonitor(Callback):
         if not self._grad_due(trainer) or self._pre is not None:
             return
         named = [(n, p) for n, p in pl_module.named_parameters() if p.grad is not None]
-        pre = {tags.grad_norm(k): v for k, v in grouped_grad_norms(named, by=self.by).items()}
+        pre = {tags.grad_norm(k): v for k, v in self._chosen_blocks(grouped_grad_norms(named, by=self.by)).items()}
         # The total as clip_grad_norm_ computes it (norm of per-tensor norms), not the grouped sum of squares.
         pre[tags.GRAD_NORM] = total_grad_norm([p for _, p in named])
         # Any NaN/inf element makes the total non-finite, so a finite total means a count of 0 without another
@@ -116,6 +125,16 @@ class GradientNormMonitor(Callback):
                 pre[tags.grad_norm(f"param/{name}")] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
         self._pre = pre
         self._pre_step = trainer.global_step
+
+    def _chosen_blocks(self, grouped: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The grouped norms without the blocks ``layers`` leaves out (blocks counted from the names that have one)."""
+        if self.layers is None:
+            return grouped
+        blocks = {key: int(m.group(1)) for key in grouped if (m := _BLOCK.match(key))}
+        if not blocks:
+            return grouped
+        chosen = resolve_layers(self.layers, max(blocks.values()) + 1)
+        return {key: value for key, value in grouped.items() if key not in blocks or blocks[key] in chosen}
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         # After Lightning's closure has clipped the gradients and the optimizer has used them.

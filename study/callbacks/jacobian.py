@@ -21,6 +21,7 @@ from typing_extensions import override
 from study import tags
 from study.attention import AttentionSpec
 from study.callbacks.base import VAL, Sums, TapMonitor
+from study.callbacks.layers import LayerChoice
 from study.metrics import SATURATED, sample_rows, softmax_jacobian_max_entry, softmax_jacobian_norm
 
 NEAR_BOUND = 0.9  # a row "comes close" to the entrywise bound when its largest entry is >= this x 1/(4T)
@@ -49,6 +50,8 @@ class AttentionJacobianMonitor(TapMonitor):
         validation: also measure each validation epoch.
         rows: rows sampled per attention call (each costs a bisection over its keys at log time).
         seed: seed of the row sampler (offset by the global rank, so ranks sample different rows).
+        layers: the layers to measure and log (indices, negative from the end, and "mid"); None (default) every
+            layer; mean and max are then over the chosen layers' rows.
 
     Example::
 
@@ -59,8 +62,9 @@ class AttentionJacobianMonitor(TapMonitor):
     # shorter block, so its calls keep the dense explicit path.
     row_blocks = False
 
-    def __init__(self, every_n_steps: int = 50, validation: bool = True, rows: int = 16, seed: int = 0) -> None:
-        super().__init__(every_n_steps, validation)
+    def __init__(self, every_n_steps: int = 50, validation: bool = True, rows: int = 16, seed: int = 0,
+                 layers: LayerChoice = None) -> None:
+        super().__init__(every_n_steps, validation, layers)
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
         self.rows = rows

@@ -35,6 +35,8 @@ PER_LAYER = {
     "KL to uniform": "kl_uniform",
     "effective support (keys)": "effective_support",
     "saturated rows (max weight > 0.99)": "saturated",
+    "largest attention logit q.k / (T sqrt d) (band: layer maxima)": "max_logit",
+    "weight on the first visible key (sink)": "first_key_weight",
 }
 
 CLOSED = ("attention per layer (train; select a few runs)", "attention per layer (validation; select a few runs)")
@@ -58,6 +60,12 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
             "normalised entropy: layer mean, band over layers": _band("normalized_entropy"),
             "gradient norm, total and W_q / W_k" + LOG_HINT: [
                 "Multiline", _exact(tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K)],
+            "largest attention logit over layers: scaled by 1/T, and before T" + LOG_HINT: [
+                "Multiline", _exact(tags.MAX_LOGIT, tags.MAX_LOGIT_RAW, val + tags.MAX_LOGIT, val + tags.MAX_LOGIT_RAW)],
+            "sink rate (heads with mean first-key weight > 0.3)": [
+                "Multiline", _exact(tags.SINK_RATE, val + tags.SINK_RATE)],
+            "entropy collapse: layers collapsed so far (EntropyCollapseAlert; events in the Text tab)": [
+                "Multiline", _exact(tags.ENTROPY_COLLAPSE_LAYERS)],
         },
         "attention (train): layer mean, band = min..max over layers": {
             chart: _band(statistic) for chart, statistic in PER_LAYER.items()

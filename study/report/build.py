@@ -12,9 +12,11 @@ from pathlib import Path
 
 from study.report import critical_effect, sources
 from study.report import markdown as md
+from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
 from study.report.frozen import frozen_findings, load_analysis
+from study.report.lrcurves import lr_section
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
 from study.report.read import load_sweep, read_optional_json
@@ -169,6 +171,7 @@ def report_text(
             md.table(md.NORMALIZER_COLUMNS, md.normalizer_rows(all_runs)),
             "",
         ]
+    parts += md.collapse_section([*all_runs, *not_counted])
     parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]
@@ -236,8 +239,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
         frozen_effect,
     )
+    lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    if lr_curves is not None:
+        text += "\n" + lr_curves.markdown
     path = out / "report.md"
-    path.write_text(text)
+    write_text_atomically(path, text)
     found, family = judgement
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
@@ -246,5 +252,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     data["excess_slopes"] = excess_json(primary)
     if analysis and analysis.get("alg3_effect_size"):
         data["theorem1_effect_size"] = critical_effect.effect_json(analysis)
-    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    if lr_curves is not None:
+        data["lr_curves"] = lr_curves.data
+    write_text_atomically(out / "report.json", json.dumps(data, indent=1) + "\n")
     return path

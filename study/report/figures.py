@@ -9,6 +9,7 @@ import numpy as np
 
 from study.report import sources
 from study.report import summary as S
+from study.report.atomic import write_atomically
 from study.report.findings import ONE_OVER_T, k_all, layer_slopes, per_t
 from study.report.summary import Summary
 
@@ -39,8 +40,10 @@ def _k_order(summaries: list[Summary]) -> list[str]:
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    _plt().close(fig)
+    try:
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=90))  # never a half-written PNG
+    finally:
+        _plt().close(fig)
 
 
 def curves(summaries: list[Summary], out: Path) -> str | None:

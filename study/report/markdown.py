@@ -61,6 +61,8 @@ def per_t_table(summaries: list[Summary]) -> str:
         ("saturated (all val rows)", lambda s: s.final.get(sources.SATURATED_ROWS)),
         (f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K}", lambda s: s.values.get(S.SELECTION_FINAL)),
         (f"selection TV (k={sources.SELECTION_K}, val)", lambda s: s.final.get(sources.VAL_SELECTION_TV)),
+        ("max logit (val)", lambda s: s.final.get(sources.MAX_LOGIT)),
+        ("sink rate (val)", lambda s: s.final.get(sources.SINK_RATE)),
         ("unstable", lambda s: float(s.unstable)),
     ]
     rows = []
@@ -133,6 +135,17 @@ RUN_COLUMNS = [
     "run", "T", "k", "normalizer", "optimizer", "lr", "seed", "state", "steps", "clip", sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, "H/log n",
     "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
 ]  # fmt: skip
+
+
+def collapse_section(summaries: list[Summary]) -> list[str]:
+    """The entropy-collapse events the runs' status files record (EntropyCollapseAlert), one line each; none: no
+    section."""
+    lines = [
+        f"- {s.name}: layer {e.get('layer')} at step {e.get('step')}, H/log n {fmt(e.get('value'))} "
+        f"(step 0: {fmt(e.get('reference'))}; {e.get('rule')})"
+        for s in summaries if s.run is not None for e in s.run.status.get("collapse_events") or []
+    ]
+    return ["## Entropy collapse (EntropyCollapseAlert)", "", *lines, ""] if lines else []
 
 
 def run_rows(summaries: list[Summary]) -> list[list[str]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from study.report.atomic import write_atomically
 from study.report.stats import (
     INCONCLUSIVE,
     UNDERPOWERED,
@@ -206,6 +207,8 @@ def draw_layers(probe: dict, out: Path) -> str | None:
            title="gradient slope against T, per layer (T lowered in every layer)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / FIGURE, dpi=90)
-    plt.close(fig)
+    try:
+        write_atomically(out / FIGURE, lambda tmp: fig.savefig(tmp, dpi=90))  # never a half-written PNG
+    finally:
+        plt.close(fig)
     return "Probe: gradient slope against T per layer and parameter type, and the single-layer test"

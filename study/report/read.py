@@ -2,14 +2,28 @@
 
 A damaged file (a truncated plan.json or status.json) is named in `problems` and the other runs are read as
 usual; a run whose status cannot be read has the state "unreadable".
+
+Event files are verified before a run counts (`event_damage`): every record's masked CRC-32C (TensorBoard's own
+record reader checks them, but its event loader takes a failed check for a truncated record and silently stops
+there, so a damaged file read as a shorter run), and a run that finished must have logged its final validation (a
+file cut short, or deleted, would otherwise report an earlier value, even the step-0 baseline, as the result). A
+run that fails either check gets the state "damaged" and is named, never counted. A kill leaves a truncated last
+record in that attempt's file; the next attempt writes a new file, so a truncated tail is read up to and not
+reported, as long as the run's record of steps is complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from study import tags
+
+EVENT_FILES = "events.out.tfevents.*"
+DAMAGED = "damaged"
 
 
 def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
@@ -74,6 +88,59 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+def _record_damage(path: Path) -> str | None:
+    """Why an event file's records are damaged (a failed CRC check), None if every record is sound; a truncated
+    last record (a kill during a write) is not damage here."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    try:
+        reader = PyRecordReader_New(str(path))
+    except (OSError, errors.OpError) as err:
+        return f"{path.name} cannot be read ({type(err).__name__})"
+    records = 0
+    try:
+        while True:
+            try:
+                reader.GetNext()
+            except errors.OutOfRangeError:
+                return None
+            except errors.DataLossError as err:
+                if "truncated record" in str(err):
+                    return None
+                return f"{path.name}: record {records + 1} fails its CRC check"
+            records += 1
+    except OSError as err:
+        return f"{path.name} cannot be read ({type(err).__name__}: {err})"
+
+
+def _same(a: float, b: float) -> bool:
+    """Equal as TensorBoard stores a scalar (float32), non-finite values equal to each other."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.isnan(a) == math.isnan(b) and (math.isnan(a) or a == b)
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def event_damage(
+    run_dir: Path, status: dict[str, Any], scalars: dict[str, list[tuple[int, float]]]
+) -> str | None:
+    """Why a run's event files cannot be counted (see the module docstring); None if they are sound and complete."""
+    files = sorted(Path(run_dir).glob(EVENT_FILES))
+    if not files:
+        return "no event file"
+    for path in files:
+        if problem := _record_damage(path):
+            return problem
+    recorded = (status.get("metrics") or {}).get(tags.VAL_LOSS)
+    if isinstance(recorded, (int, float)):  # the run's last validation, as its status recorded it at the end
+        logged = scalars.get(tags.VAL_LOSS) or []
+        if not logged or not _same(float(logged[-1][1]), float(recorded)):
+            last = f"{logged[-1][1]:.6g} at step {logged[-1][0]}" if logged else "none"
+            return (f"its final validation ({tags.VAL_LOSS} {float(recorded):.6g}, step {status.get('global_step')}) "
+                    f"is not in its event files (last logged: {last})")
+    return None
+
+
 def load_sweep(
     sweep_dir: str | Path, problems: list[str] | None = None
 ) -> tuple[dict[str, Any], list[RunData]]:
@@ -97,7 +164,12 @@ def load_sweep(
             status = read_json(status_path, found) or {"state": "unreadable"}
         scalars = read_scalars(run_dir) if run_dir.is_dir() else {}
         params = entry.get("params") or status.get("params") or {}
-        runs.append(RunData(entry["name"], run_dir, params, status, entry.get("resolved", {}), scalars))
+        resolved = entry.get("resolved", {})
+        if status.get("state") in ("finished", "diverged") and (damage := event_damage(run_dir, status, scalars)):
+            found.append(f"{run_dir}: {DAMAGED}: not counted ({damage})")
+            status = {**status, "state": DAMAGED, "recorded_state": status["state"],
+                      "reason": f"{DAMAGED}: not counted ({damage})"}
+        runs.append(RunData(entry["name"], run_dir, params, status, resolved, scalars))
     if problems is None:
         for line in found:
             print(f"study report: {line}", flush=True)

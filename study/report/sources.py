@@ -49,6 +49,11 @@ ENTRY_RATIO_MEAN = t.val(t.jacobian("entry_ratio_mean"))
 NEAR_QUARTER_T = t.val(t.jacobian("frac_near_quarter_T"))
 FRAC_SATURATED = t.val(t.jacobian("frac_saturated"))  # among the Jacobian's sampled rows
 
+# AttentionLogitMonitor and AttentionSinkMonitor, the last validation epoch: the largest logit the normaliser sees
+# (over every layer) and the share of (layer, head) pairs whose mean weight on the first key exceeds 0.3
+MAX_LOGIT = t.val(t.MAX_LOGIT)
+SINK_RATE = t.val(t.SINK_RATE)
+
 # NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used only when no gradient monitor logged it.
 GUARD_GRAD_NORM, GUARD_SKIPPED = t.GUARD_GRAD_NORM, t.GUARD_SKIPPED
 GRAD_NORM_SOURCES = (GRAD_NORM, GUARD_GRAD_NORM)  # the pre-clip total gradient norm: first tag present wins

@@ -216,7 +216,7 @@ def _values(run: RunData) -> dict[str, Any]:
 def summarize(run: RunData) -> Summary:
     final_tags = (
         sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
-        sources.VAL_SELECTION_TV,
+        sources.VAL_SELECTION_TV, sources.MAX_LOGIT, sources.SINK_RATE,
     )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
     skipped = int(run.status.get("skipped_steps") or (_last(run.series(sources.GUARD_SKIPPED)) or 0))

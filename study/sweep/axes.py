@@ -57,6 +57,13 @@ def _optimizer_check(value: Any) -> None:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {value!r}")
 
 
+def _temperature_in_check(value: Any) -> None:
+    from study.model import TEMPERATURE_IN  # the module's own list: one rule for a sweep and a run
+
+    if value not in TEMPERATURE_IN:
+        raise ValueError(f"temperature_in must be one of {TEMPERATURE_IN}, got {value!r}")
+
+
 def _positive_check(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be a finite number > 0, got {value!r}")
@@ -106,8 +113,13 @@ AXES: tuple[Axis, ...] = (
          always_named=False),
     Axis("optimizer", "model.optimizer", "optimizer", str, _optimizer_check, default="adamw", numeric=False,
          always_named=False),
+    Axis("qk_norm", "model.attention.qk_norm", tags.attention_hparam("qk_norm"), lambda v: "qkn" if v else "noqkn",
+         _attention_check("qk_norm"), default=False, numeric=False, always_named=False),
+    Axis("temperature_in", "model.temperature_in", "temperature_in", lambda v: f"Tin{v}", _temperature_in_check,
+         default="softmax", numeric=False, always_named=False),
 )  # fmt: skip
-"""Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05 when the grid varies it)."""
+"""Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05, qkn, Tininit when the grid varies
+them: the from-scratch sweep's QK-norm arm and init-scale control, configs/sweeps/scratch.yaml)."""
 
 
 

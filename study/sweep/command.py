@@ -24,7 +24,17 @@ from study.sweep.pool import (
     run_pool,
     wait_for_pretraining,
 )
-from study.sweep.run import FINAL_STATES, done, is_rank_zero, pretrain_done, read_status, run_one
+from study.sweep.run import (
+    FINAL_STATES,
+    done,
+    is_rank_zero,
+    links_out_of,
+    pretrain_done,
+    pretrained_problem,
+    read_status,
+    recorded_settings,
+    run_one,
+)
 from study.sweep.spec import Plan, SweepSpecError, build_plan
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
@@ -76,7 +86,7 @@ def _check_stale(plan: Plan) -> None:
     (base config, data, model): resuming or pooling them would mix two settings under one name."""
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     for run in runs:
-        status = read_status(run.dir)
+        status = recorded_settings(run.dir)  # status.json, else settings.json when status.json is damaged
         if status and status.get("fingerprint") not in (None, run.fingerprint):
             raise SweepSpecError(
                 f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
@@ -127,18 +137,23 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             flush=True,
         )
         return 0
-    report = None
+    report, report_failed = None, None
     if plan.report and not args.no_report:
         from study.report import build_report
 
-        report = build_report(plan.sweep_dir)
+        try:
+            report = build_report(plan.sweep_dir)
+        except OSError as err:  # a full disk: the report is one failed item; the runs and their logs stand
+            report_failed = f"{type(err).__name__}: {err}"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
-        + (f"; report: {report}" if report else ""),
+        + (f"; report: {report}" if report else "")
+        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} once there is room"
+           if report_failed else ""),
         flush=True,
     )
     steps_ok = all(outcome is not False for outcome in outcomes.values())
-    return 0 if all(s in FINAL_STATES for s in states) and steps_ok else 1
+    return 0 if all(s in FINAL_STATES for s in states) and steps_ok and not report_failed else 1
 
 
 def _checked_plan(args, rest: list[str]) -> Plan | int:
@@ -157,9 +172,20 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     except SweepSpecError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
+    if links := links_out_of(plan.sweep_dir):
+        print(f"study sweep: {links[0]} is a link out of the sweep folder {plan.sweep_dir}: the sweep writes only "
+              f"inside it; remove the link{f' (and {len(links) - 1} more)' if len(links) > 1 else ''}",
+              file=sys.stderr)
+        return 2
+    if damaged := pretrained_problem(plan):
+        print(f"study sweep: {damaged}", file=sys.stderr)
+        return 2
     for note in plan.notes:
         if is_rank_zero():
             print(f"study sweep: {note}", file=sys.stderr, flush=True)
+    if args.threads is not None and args.threads < 1:
+        print(f"study sweep: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
@@ -189,16 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_index is not None:
         return run_one(plan, args.run_index)
 
+    if args.dry_run:  # writes nothing: a smaller grid under an existing sweep's name must not replace its plan
+        for run in plan.runs:
+            print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
+        print(f"{len(plan.runs)} runs; nothing written (a sweep writes its plan to {plan.sweep_dir / 'plan.json'})")
+        return 0
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
     tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
     tmp.replace(plan.sweep_dir / "plan.json")
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
-    if args.dry_run:
-        for run in plan.runs:
-            print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
-        print(f"{len(plan.runs)} runs; plan written to {plan.sweep_dir / 'plan.json'}")
-        return 0
 
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)

@@ -10,6 +10,7 @@ Only rank zero of a multi-process run takes the lock: the other ranks are that r
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -54,7 +55,12 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a planted link would have its target truncated to this record
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, f"{self.path} is a link: refused (remove it)") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

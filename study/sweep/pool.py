@@ -3,12 +3,15 @@ with a progress line per run and the time left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,16 @@ from study import tags
 from study.progress import format_seconds
 from study.sweep.frozen_steps import FrozenStep, Launched, launch
 from study.sweep.lock import RunBusy, RunLock, busy
-from study.sweep.run import done, execute_run, read_status, run_console, say_taken_over, utc_now, write_status
+from study.sweep.run import (
+    done,
+    execute_run,
+    open_log,
+    read_status,
+    run_console,
+    say_taken_over,
+    utc_now,
+    write_status,
+)
 from study.sweep.spec import Plan, Run
 
 
@@ -50,17 +62,24 @@ def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None
     # together can pick the same free port and one fails with EADDRINUSE.
     env["MASTER_PORT"] = str(free_port())
     env.update(env_extra or {})
-    log = open(run.dir / "sweep.log", "ab")  # noqa: SIM115 - closed by the caller through proc.log
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log = open_log(run.dir / "sweep.log")  # closed by the caller through proc.log
+    # its own process group (with any DDP ranks it starts): a signal to the sweep is passed on to the whole group
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     proc.log = log  # type: ignore[attr-defined]
     return proc
 
 
-def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
+def finish_subprocess(proc: subprocess.Popen, run: Run, reason: str | None = None) -> dict[str, Any]:
     proc.log.close()  # type: ignore[attr-defined]
     status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
-    if proc.returncode != 0 and status.get("state") in (None, "running"):
-        tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+    if reason and proc.returncode != 0 and status.get("state") in (None, "running", "failed"):
+        status.update(state="failed", reason=reason, ended=utc_now())
+        write_status(run.dir, status)
+    elif proc.returncode != 0 and status.get("state") in (None, "running"):
+        try:
+            tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
+        except OSError:
+            tail = []
         status.update(
             state="failed",
             reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
@@ -68,6 +87,71 @@ def finish_subprocess(proc: subprocess.Popen, run: Run) -> dict[str, Any]:
         )
         write_status(run.dir, status)
     return status
+
+
+# ---- signals --------------------------------------------------------------------------------------------------
+class Stopped(BaseException):
+    """SIGTERM or SIGINT reached the sweep process while it ran subprocesses."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into `Stopped` while the pool runs (the default SIGTERM ended the sweep at once and
+    left its runs training, orphaned, holding their locks)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _signal_job(proc: subprocess.Popen, sig: int, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+
+def stop_jobs(jobs: list, signum: int, progress: SweepProgress | None, grace_s: float = 60.0) -> None:
+    """Pass ``signum`` on to every running job (a run's whole process group), wait for each to record itself
+    (SIGKILL after ``grace_s``), record the runs that could not as interrupted, and say so in one line."""
+    name = signal.Signals(signum).name
+    procs = [(job, job.proc if isinstance(job, Launched) else job[1]) for job in jobs]
+    for job, proc in procs:
+        _signal_job(proc, signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT, not isinstance(job, Launched))
+    deadline = time.monotonic() + grace_s
+    for job, proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _signal_job(proc, signal.SIGKILL, not isinstance(job, Launched))
+            proc.wait()
+    names = []
+    for job, proc in procs:
+        if isinstance(job, Launched):
+            job.finish()
+            names.append(job.step.label)
+            continue
+        run = job[0]
+        status = finish_subprocess(proc, run, reason=f"interrupted: the sweep was stopped ({name})")
+        names.append(run.name)
+        if progress is not None:
+            progress.update(run, status)
+    print(f"study sweep: stopped by {name}; {len(names)} running job(s) stopped and recorded"
+          + (f" ({', '.join(names)})" if names else "") + "; rerun the same command to resume", flush=True)
 
 
 # ---- progress -------------------------------------------------------------------------------------------------
@@ -159,11 +243,25 @@ def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True)
                 if done(run):  # finished by another process since the plan was read
                     progress.update(run, read_status(run.dir) or {}, skipped=True)
                     continue
-                with run_console(run.dir / "sweep.log", quiet):
-                    status = execute_run(run)
+                try:
+                    with run_console(run.dir / "sweep.log", quiet):
+                        status = execute_run(run)
+                except OSError as err:  # a full disk before or after the run could record itself: one failed run
+                    status = failed_by(run, err)
                 progress.update(run, status)
         except RunBusy as held:
             _left_to_others(run, held, progress)
+        except OSError as err:  # the lock or the folder cannot even be made: the run fails, the sweep goes on
+            progress.update(run, failed_by(run, err))
+
+
+def failed_by(run: Run, err: OSError) -> dict[str, Any]:
+    """The status of a run that an OS error (a full disk) stopped outside its fit, recorded if it can be."""
+    previous = read_status(run.dir) or {}
+    status = {**{k: previous.get(k) for k in ("name", "index", "fingerprint", "attempts")}, "name": run.name,
+              "index": run.index, "state": "failed", "reason": f"{type(err).__name__}: {err}", "ended": utc_now()}
+    write_status(run.dir, status)
+    return status
 
 
 def run_pool(
@@ -176,6 +274,16 @@ def run_pool(
     slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
     pending_steps, pending, active = list(steps), list(todo), {}
     outcomes: dict[str, bool | None] = {}
+    try:
+        with stopped_by_signals():
+            _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes)
+    except Stopped as stop:
+        stop_jobs(list(active.values()), stop.signum, progress)
+        raise SystemExit(128 + stop.signum) from None
+    return outcomes
+
+
+def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes) -> None:
     while pending_steps or pending or active:
         for slot, gpus in enumerate(slots):
             while slot not in active and pending_steps:
@@ -193,7 +301,10 @@ def run_pool(
                     continue
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
                 cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
-                active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
+                try:
+                    active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
+                except OSError as err:  # its log cannot be opened (a full disk): one failed run
+                    progress.update(run, failed_by(run, err))
         time.sleep(0.2)
         for slot in list(active):
             job = active[slot]
@@ -208,7 +319,6 @@ def run_pool(
                 status = finish_subprocess(proc, run)
                 status.setdefault("duration_s", round(time.perf_counter() - started, 2))
                 progress.update(run, status)
-    return outcomes
 
 
 def wait_for_pretraining(plan: Plan) -> None:
@@ -226,7 +336,12 @@ def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) ->
     if subprocess_mode:
         cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads)
         proc = launch_subprocess(cmd, plan.pretrain)
-        proc.wait()
+        try:
+            with stopped_by_signals():
+                proc.wait()
+        except Stopped as stop:
+            stop_jobs([(plan.pretrain, proc, 0.0)], stop.signum, None)
+            raise SystemExit(128 + stop.signum) from None
         return finish_subprocess(proc, plan.pretrain)
     try:
         with RunLock(plan.pretrain.dir) as lock:

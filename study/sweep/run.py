@@ -65,15 +65,69 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
         compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
         data = json.dumps(compact, default=str).encode()
         try:
-            with open(run_dir / STATUS_FILE, "r+b") as f:  # in place: no new disk blocks
+            fd = os.open(run_dir / STATUS_FILE, os.O_RDWR | os.O_NOFOLLOW)  # never a planted link's target
+            with os.fdopen(fd, "r+b") as f:  # in place: no new disk blocks
                 f.write(data)
                 f.truncate(len(data))
         except OSError as second:
-            print(
+            say(
                 f"study sweep: could not record {status.get('name', run_dir.name)} as {status.get('state')} "
                 f"({type(first).__name__}: {first}; in place: {type(second).__name__}: {second}); going on",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+            )
+
+
+def say(line: str) -> None:
+    """Print a line on stderr, which may be a run's log on the full disk that made the line necessary: then the line
+    is lost, and the sweep goes on (a full disk is one failed item, never a crash)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+
+
+SETTINGS_FILE = "settings.json"
+
+
+def write_settings(run: Run) -> None:
+    """Record what the run trains with (its settings' fingerprint and its inputs' digests) in its folder, apart from
+    status.json and before it trains: a damaged status.json must not let it resume under other settings."""
+    if not is_rank_zero():
+        return
+    tmp = run.dir / f".{SETTINGS_FILE}.tmp"
+    tmp.write_text(json.dumps({"name": run.name, "fingerprint": run.fingerprint, "depends": run.depends}, indent=1))
+    tmp.replace(run.dir / SETTINGS_FILE)
+
+
+def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
+    """What the run folder says its run trained with: status.json's record, else settings.json's; None if neither
+    can be read."""
+    for name in (STATUS_FILE, SETTINGS_FILE):
+        path = Path(run_dir) / name
+        record = read_json(path, []) if path.is_file() and not path.is_symlink() else None
+        if record and record.get("fingerprint"):
+            return record
+    return None
+
+
+def links_out_of(folder: Path) -> list[Path]:
+    """The symbolic links inside ``folder`` (at any depth, not followed) that lead out of it or nowhere: a planted
+    `run.lock`, `sweep.log` or `checkpoints` link would make the sweep truncate, append to or write files outside
+    save_dir. The folder itself and its parents may be links (logs on a scratch disk); links that stay inside it
+    (Lightning's `save_last: link`) are fine."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    root = folder.resolve()
+    found = []
+    for parent, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, not entered
+        for name in (*dirs, *files):
+            path = Path(parent) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists() or not target.is_relative_to(root):
+                    found.append(path)
+    return sorted(found)
 
 
 def done(run: Run) -> bool:
@@ -84,6 +138,24 @@ def pretrain_done(plan: Plan) -> bool:
     return plan.pretrain is None or (
         done(plan.pretrain) and (plan.pretrain.dir / "hf" / "config.json").is_file()
     )
+
+
+def pretrained_problem(plan: Plan) -> str | None:
+    """Why the sweep's own pretrained model (`pretrain/hf`, built with checksums) cannot be used, in one line naming
+    it and what to do; None when there is none yet or it is as built."""
+    if plan.pretrain is None or not (plan.pretrain.dir / "hf").exists():
+        return None
+    return model_folder_problem(plan.pretrain.dir / "hf", plan.pretrain.dir)
+
+
+def model_folder_problem(hf: Path, pretrain_dir: Path) -> str | None:
+    from study.cachefolder import folder_problem
+
+    problem = folder_problem(hf)
+    if problem is None:
+        return None
+    return (f"the sweep's pretrained model {hf} is damaged ({problem}); no run trains from it: delete "
+            f"{pretrain_dir} to pretrain it again")
 
 
 def utc_now() -> str:
@@ -161,6 +233,16 @@ def _logs_lost_before(run: Run, step: int, logged: dict) -> str | None:
     return None
 
 
+def _pretrained_model_problem(run: Run) -> str | None:
+    """The run's model, when it is its sweep's own pretrained model (`<sweep>/pretrain/hf`), checked against its
+    checksums before the run reads it."""
+    model = dotted_get(run.resolved, "model.model_name_or_path")
+    hf = Path(str(model)) if model else None
+    if hf is None or hf.name != "hf" or hf.parent.name != "pretrain" or hf.parent.parent != run.dir.parent:
+        return None
+    return model_folder_problem(hf, hf.parent)
+
+
 # ---- one run, in this process ---------------------------------------------------------------------------------
 def _numeric_metrics(metrics: dict) -> dict[str, float]:
     out = {}
@@ -194,6 +276,22 @@ def _new_status(run: Run, previous: dict[str, Any], resume: Path | None, step: i
     }
 
 
+def _collapse_events(cli, out: dict[str, Any]) -> str | None:
+    """Record the entropy-collapse alerts' events in ``out`` (``collapse_events``); the reason the run stopped when an
+    alert with ``action: stop`` ended it, else None."""
+    from study.callbacks.collapse import EntropyCollapseAlert
+
+    alerts = [c for c in cli.trainer.callbacks if isinstance(c, EntropyCollapseAlert)]
+    events = [event for alert in alerts for event in alert.status_events()]
+    if events:
+        out["collapse_events"] = events
+    stop = next((alert.events[0] for alert in alerts if alert.action == "stop" and alert.events), None)
+    if stop is None:
+        return None
+    return (f"attention entropy collapse in layer {stop['layer']} at step {stop['step']} (H/log n {stop['value']:.3g}, "
+            f"{stop['rule']} from {stop['reference']:.3g}); stopped by EntropyCollapseAlert")
+
+
 def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     """State and reason of a fit that returned."""
     from study.fit import trained_nothing
@@ -213,13 +311,26 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         }
     if cli.trainer.interrupted:
         return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
+    if stopped := _collapse_events(cli, out):
+        return {**out, "state": "diverged", "reason": stopped}
     if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
         return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():
-        hf = run.dir / "hf"
-        cli.model.model.save_pretrained(hf)
-        cli.datamodule.tokenizer.save_pretrained(hf)
+        from study.cachefolder import build_atomically
+
+        def save(folder: Path) -> None:
+            cli.model.model.save_pretrained(folder)
+            cli.datamodule.tokenizer.save_pretrained(folder)
+
+        # built aside, with checksums, renamed into place: every run that trains from it checks it first
+        build_atomically(save, run.dir / "hf")
     return {**out, "state": "finished"}
+
+
+def open_log(log: Path):
+    """A run's log opened for appending, never through a link (a planted `sweep.log` link would have the run append
+    to its target outside the sweep folder)."""
+    return os.fdopen(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
 
 
 @contextlib.contextmanager
@@ -238,7 +349,7 @@ def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     try:
-        with open(log, "ab") as sink, contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(
+        with open_log(log) as sink, contextlib.redirect_stdout(sys.__stdout__), contextlib.redirect_stderr(
             sys.__stderr__
         ):
             os.dup2(sink.fileno(), 1)
@@ -246,8 +357,9 @@ def run_console(log: Path, quiet: bool = True) -> Iterator[None]:
             try:
                 yield
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError):  # a full disk: what is left unwritten is lost, not fatal
+                        stream.flush()
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
@@ -267,7 +379,23 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     from study.fit import lightning_main
 
     run.dir.mkdir(parents=True, exist_ok=True)
+    problem = None
+    if links := links_out_of(run.dir):  # planted since the sweep started: nothing of the run is written
+        problem = f"{links[0]} is a link out of the sweep folder: refused (remove it)"
+    elif not is_pretrain:
+        problem = _pretrained_model_problem(run)
+    if problem:
+        status = {**_new_status(run, read_status(run.dir) or {}, None, None, []), "state": "failed", "reason": problem}
+        write_status(run.dir, status)
+        return status
     resume, step, notes = resume_point(run.dir / "checkpoints")
+    recorded = (recorded_settings(run.dir) or {}).get("fingerprint")
+    if resume is not None and recorded != run.fingerprint:
+        # status.json and settings.json both unreadable, or made with other settings: the checkpoint's settings are
+        # unknown, and resuming could mix two settings in one run. Seeded, starting over rebuilds it exactly.
+        notes = [*notes, f"{resume.name} was made under {'other' if recorded else 'unrecorded'} settings "
+                 f"(fingerprint {recorded}, now {run.fingerprint}): starting over"]
+        resume, step = None, None
     max_steps = _max_steps(run)
     if resume is not None and max_steps is not None and step >= max_steps:
         # Killed after its final checkpoint but before the end of the run: Lightning logs a step's metrics after
@@ -291,6 +419,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
             # resumed attempt does not run it again: keep step `step`, purge from the next one.
             purge = step + 1
     status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
+    write_settings(run)
     for note in status["notes"]:
         if is_rank_zero():
             print(f"{run.name}: {note}", flush=True)
@@ -337,6 +466,8 @@ def run_one(plan: Plan, index: str) -> int:
         run, is_pretrain = plan.pretrain, True
     else:
         try:
+            if int(index) < 0:  # a Python index from the end would run another run
+                raise IndexError(index)
             run, is_pretrain = plan.runs[int(index)], False
         except (ValueError, IndexError):
             print(

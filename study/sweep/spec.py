@@ -207,6 +207,9 @@ def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     for axis in axes.AXES:
         values = grid.get(axis.key)
         if values is None:
+            if axis.key in grid:  # `temperature: null` ran the base config's value, not a grid over anything
+                raise SweepSpecError(f"grid `{axis.key}` is null: give a value or a list (null inside a list, "
+                                     f"[null], where the axis allows it), or leave the key out")
             continue
         if not isinstance(values, list):
             values = [values]
@@ -352,6 +355,9 @@ def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
     _check_keys("guard", guard, GUARD_KEYS)
     checkpoint = spec.get("checkpoint") or {}
     _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
+    every = checkpoint.get("every_n_train_steps")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise SweepSpecError(f"`checkpoint.every_n_train_steps` must be a positive integer or null, got {every!r}")
     if checkpoint.get("enabled", True) is False and checkpoint.get("every_n_train_steps") is not None:
         raise SweepSpecError("`checkpoint` sets every_n_train_steps with enabled: false (no checkpoint is written)")
     extra_callbacks = spec.get("callbacks") or []
@@ -367,6 +373,35 @@ def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
         except (TypeError, ValueError) as err:
             raise SweepSpecError(f"`guard` is invalid: {err}") from None
     return guard, checkpoint, extra_callbacks
+
+
+def _number(value: Any) -> float | None:
+    """A setting's number (`1e-3` given on the command line is a YAML string), None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_run_settings(what: str, resolved: dict) -> None:
+    """Values that `study fit` would take but that make a run meaningless, refused before anything is built:
+    each was accepted silently (or refused only after the model and the data were built)."""
+    max_steps = _number(dotted_get(resolved, "trainer.max_steps"))
+    if max_steps == 0:
+        raise SweepSpecError(f"{what}: trainer.max_steps 0 trains no step (-1: no step limit)")
+    interval = dotted_get(resolved, "trainer.val_check_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool) and max_steps and max_steps > 0 and interval > max_steps:
+        raise SweepSpecError(f"{what}: trainer.val_check_interval {interval} > trainer.max_steps {int(max_steps)}: the "
+                             "run never validates after training (its result would be the step-0 baseline)")
+    lr = _number(dotted_get(resolved, "model.learning_rate"))
+    if lr is not None and not lr > 0:  # not a number at all: `study fit`'s own parser names it
+        raise SweepSpecError(f"{what}: model.learning_rate must be a positive number, got {lr:g}")
+    top_k, block = dotted_get(resolved, "model.attention.top_k"), _number(dotted_get(resolved, "data.block_size"))
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and block is not None and top_k >= block:
+        raise SweepSpecError(f"{what}: model.attention.top_k {top_k} >= data.block_size {int(block)}: it selects "
+                             "every key, the same run as top_k null (all)")
 
 
 def build_plan(
@@ -410,7 +445,10 @@ def build_plan(
     if owned:
         raise SweepSpecError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
                              "callbacks); change the spec instead")
-    sweep_dir = Path(save_dir or spec.get("save_dir") or "logs") / name
+    root = save_dir or spec.get("save_dir") or "logs"
+    if not isinstance(root, str):
+        raise SweepSpecError(f"`save_dir` must be one folder path, got {root!r}")
+    sweep_dir = Path(root) / name
     run_args = RunArgs(base, base_config, *_run_sections(spec), list(passthrough or []))
     args_for = run_args.args
 
@@ -422,6 +460,7 @@ def build_plan(
         _check_callback_overrides("pretrain.overrides", p_over, base_config)
         p_dir = sweep_dir / "pretrain"
         p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
+        check_run_settings("the pretraining run", p_resolved)
         p_depends = run_dependencies(base, p_resolved, sweep_dir)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved, p_depends)
         pretrained_path = str(p_dir / "hf")
@@ -444,6 +483,7 @@ def build_plan(
         # cannot happen with exact names; never let two runs share a folder silently
         if any(r.name == rname for r in runs):
             raise SweepSpecError(f"two runs would share the folder {run_dir}")
+        check_run_settings(f"run {rname}", resolved)
         runs.append(Run(index, rname, run_dir, params, args, resolved, run_dependencies(base, resolved, sweep_dir)))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):

@@ -50,3 +50,19 @@ def test_section_table_figure_and_json(tmp_path):
     assert point["n"] == 4 and set(point["ks"]) == {"estimate", "lo", "hi", "n", "level"}
     assert data["n_star_by_heads"][1]["layers"] == [0, 15, 29]
     assert C.section({}, []) == [] and C.effect_json(None)["curves"] == []
+
+
+def test_build_report_writes_the_section_figure_and_json(tmp_path):
+    """End to end through build_report: a sweep folder whose only data is `study analyze`'s results.json."""
+    import json
+
+    from study.report import build_report
+
+    (tmp_path / "plan.json").write_text(json.dumps({"sweep": "frozen only", "runs": []}))
+    (tmp_path / "analyze").mkdir()
+    (tmp_path / "analyze" / "results.json").write_text(json.dumps(results()))
+    path = build_report(tmp_path)
+    assert "## Theorem 1: effect size and the KS design" in path.read_text()
+    assert (path.parent / "theorem1_effect_L64.png").stat().st_size > 1000
+    data = json.loads((path.parent / "report.json").read_text())
+    assert data["theorem1_effect_size"]["curves"][0]["points"][0]["ks"]["n"] == 5

@@ -257,3 +257,13 @@ REPORT_SCORECARD = "report/scorecard"  # Text: the scorecard table
 def report_figure(name: str) -> str:
     """``report/figure/{name}``: one of the report's figures (its file name without .png) as an image."""
     return f"report/figure/{name}"
+
+
+# ---- the fp64 check of step-0 gradients (Fp64GradientCheck) -----------------------------------------------------
+def fp64_ratio(group: str) -> str:
+    """``fp64_check/{group}``: fp32 / fp64 of a gradient norm at step 0, the same batch and weights in both."""
+    return f"fp64_check/{group}"
+
+
+FP64_RATIO_QK = fp64_ratio("attn_qk")  # sqrt(|g_Wq|^2 + |g_Wk|^2) over every layer
+FP64_RATIO_LAST_QK = fp64_ratio("last_block/attn_qk")  # the same for the last layer alone

@@ -241,3 +241,21 @@ def test_gradient_spectral_norms_use_the_one_masked_softmax():
         shared = masked_softmax(logits / T, causal)
         assert torch.equal(shared, by_hand)
         assert torch.equal(softmax_jacobian_norm(shared, T, iterations=80), softmax_jacobian_norm(by_hand, T, iterations=80))
+
+
+def test_theorem1_effect_sizes_planted():
+    """d = E on every head: KS 0 and d/E 1; d = 2E: d/E 2."""
+    from types import SimpleNamespace
+
+    from study.frozen.analysis.critical import _effect_sizes, head_subsets
+
+    e = torch.rand(3, 2, 2, 4, generator=torch.Generator().manual_seed(1)) + 0.5  # (windows, nL, G, heads)
+    settings = SimpleNamespace(grids=SimpleNamespace(lengths=[4, 8], critical_ns=[1, 4]))
+    same = _effect_sizes(settings, [{"d_windows": e, "e_windows": e}])
+    assert same["heads"] == 4 and same["by_length"][0]["ns"] == [1, 4]
+    assert all(v == 0.0 for w in same["by_length"][1]["ks"] for v in w)
+    assert all(abs(v - 1) < 1e-12 for w in same["by_length"][1]["d_over_e"] for v in w)
+    double = _effect_sizes(settings, [{"d_windows": 2 * e, "e_windows": e}])["by_length"][1]
+    assert all(abs(v - 2) < 1e-12 for w in double["d_over_e"] for v in w)
+    assert head_subsets(1) == [[0]] and head_subsets(2) == [[0], [0, 1]]
+    assert head_subsets(30)[:3] == [[0], [0, 29], list(range(0, 30, 4))] and head_subsets(30)[-1] == list(range(30))

@@ -196,7 +196,8 @@ def _assert_same(got, want, path="results"):
         assert got == want, path
 
 
-LEAN_BLOCKS = ("alg3_critical_n", "alg3_critical_n_by_window", "lemma1_dilution", "lemma1_fixed_query_by_window")
+LEAN_BLOCKS = ("alg3_critical_n", "alg3_critical_n_by_window", "alg3_effect_size", "alg3_n_star_by_heads",
+               "lemma1_dilution", "lemma1_fixed_query_by_window")
 
 
 @pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama-gqa"])
@@ -251,3 +252,19 @@ def test_write_outputs_of_chosen_analyses(tmp_path):
     assert rows and {r.split(",")[0] for r in rows} == {"lemma1"}
     table_rows = [line for line in (tmp_path / "claims.md").read_text().splitlines() if line.startswith("| ")][1:]
     assert [row.split(" (")[0] for row in table_rows] == ["| N* ~ 0.06 L", "| N* ~ 0.06 L", "| Lemma 1: C1/n <= alpha_i <= C2/n"]
+
+
+def test_theorem1_effect_size_and_n_star_by_heads(gpt2_results):
+    """The effect-size block holds one KS statistic and one d/E per window and N <= L, each recomputable from
+    the per-window KS test; the N*-by-heads table's row of every layer is Algorithm 3's own N*."""
+    _, _, res = gpt2_results
+    block = res["alg3_effect_size"]
+    assert block["heads"] == 2 * 4 and [e["length"] for e in block["by_length"]] == SMALL["lengths"]
+    for entry in block["by_length"]:
+        assert all(n <= entry["length"] for n in entry["ns"])
+        assert [n / entry["length"] for n in entry["ns"]] == entry["n_over_length"]
+        assert len(entry["ks"]) == 1 and all(v is None or 0 <= v <= 1 for v in entry["ks"][0])
+        assert all(v is None or v > 0 for v in entry["d_over_e"][0])
+    rows = res["alg3_n_star_by_heads"]
+    assert [r["layer_positions"] for r in rows] == [[0], [0, 1]] and [r["heads"] for r in rows] == [4, 8]
+    assert rows[-1]["n_star"] == [r["n_star"] for r in res["alg3_critical_n"]]

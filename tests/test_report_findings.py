@@ -388,3 +388,30 @@ def test_excess_slope_of_wq_wk_over_the_controls(qk_power, v_power, specific):
         for iv in by_layer.values():
             assert iv.n == len(SEEDS) and iv.estimate == pytest.approx(qk_power - v_power, abs=0.03)
             assert (iv.hi < 0) if specific else (iv.lo <= 0 <= iv.hi)
+
+
+def test_training_slopes_leave_out_levels_fp64_contradicts():
+    """A level whose step-0 fp32 gradient fp64 contradicts (ratio logged once per setting, in the seed-0 run) is left
+    out of the whole-network and last-layer fits and named; within the tolerance it stays in."""
+    temps = (0.01, 0.03, 0.1, 1.0)
+
+    def runs(ratio_at_low: float) -> list[Summary]:
+        out = []
+        for i, t in enumerate(temps):
+            for s in SEEDS:
+                # 1/T at every level but the lowest, where fp32 rounding made the gradient 30x too large
+                g = 0.2 / t * (30.0 if t == 0.01 else 1.0) * math.exp(noise(s + 7 * i))
+                ratio = {S.FP64_QK: ratio_at_low if t == 0.01 else 1.001, S.FP64_LAST_QK: ratio_at_low if t == 0.01 else 1.0}
+                r = run(t, s, **{S.GRAD_QK: g, S.SATURATED: 0.0, **(ratio if s == 0 else {})})
+                r.layer_grads = {"W_q,W_k": {0: g, 1: g}}
+                out.append(r)
+        return out
+
+    bad = F.slope_finding("x", "s", runs(30.0), S.GRAD_QK, S.FP64_QK)
+    assert bad.verdict == SUPPORTED and "left out, fp32 gradient numerically unreliable" in bad.value
+    assert "T=0.01 (30)" in bad.value and "0.03" not in bad.value.split("left out")[1]
+    last = F.last_layer_finding(runs(30.0))
+    assert last.verdict == SUPPORTED and "T=0.01 (30)" in last.value
+    kept = F.slope_finding("x", "s", runs(1.04), S.GRAD_QK, S.FP64_QK)  # within 5%: the level stays, and misleads
+    assert kept.verdict == NOT_SUPPORTED and "left out" not in kept.value
+    assert F.slope_finding("x", "s", runs(30.0), S.GRAD_QK).verdict == NOT_SUPPORTED  # no check asked: all levels

@@ -39,6 +39,7 @@ from study.callbacks.base import TapMonitor, reduce_sums
 from study.callbacks.baseline import BaselineValidation
 from study.callbacks.collapse import EntropyCollapseAlert
 from study.callbacks.fixed_batch import FixedBatchLoss
+from study.callbacks.fp64_check import Fp64GradientCheck
 from study.callbacks.gradients import GradientNormMonitor
 from study.callbacks.jacobian import AttentionJacobianMonitor
 from study.callbacks.layers import MID
@@ -59,6 +60,7 @@ __all__ = [
     "AttentionMapMonitor",
     "BaselineValidation",
     "EntropyCollapseAlert",
+    "Fp64GradientCheck",
     "FixedBatchLoss",
     "GradientNormMonitor",
     "NonFiniteGuard",

@@ -122,8 +122,9 @@ def fused_qkv_split(name: str, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _sq_norm(t: Tensor) -> Tensor:
-    # fp32 accumulation whatever the gradient dtype (bf16/fp16 sums of squares overflow or lose bits).
-    return torch.linalg.vector_norm(t, dtype=torch.float32).square()
+    # fp32 accumulation for bf16/fp16 (their sums of squares overflow or lose bits); fp64 gradients stay fp64
+    # (`Fp64GradientCheck` compares against them).
+    return torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)).square()
 
 
 def grouped_grad_norms(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from study.report import critical_effect, sources
 from study.report import markdown as md
-from study.report import sources
 from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
@@ -90,6 +90,7 @@ def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
+    frozen_effect: list[str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
@@ -145,6 +146,7 @@ def report_text(
         md.sanity_table(sanity_checks(summaries)),
         "",
         *probe_section(probe, probe_figure),
+        *(frozen_effect or []),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
         "",
         md.PER_T_NOTE,
@@ -236,7 +238,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     missing = [t for t in WANTED_TAGS if t not in logged]
     title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
-    judgement = judged(primary, probe, load_analysis(sweep_dir))
+    analysis = load_analysis(sweep_dir)
+    judgement = judged(primary, probe, analysis)
+    frozen_effect = critical_effect.section(analysis, critical_effect.draw(analysis, out))
     lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
     found, family = judgement
     data = report_json(
@@ -244,11 +248,13 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["excess_slopes"] = excess_json(primary)
+    if analysis and analysis.get("alg3_effect_size"):
+        data["theorem1_effect_size"] = critical_effect.effect_json(analysis)
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=(plain := md.plain_summary(data)),
+        plain=(plain := md.plain_summary(data)), frozen_effect=frozen_effect,
     )  # fmt: skip
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown

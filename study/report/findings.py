@@ -24,12 +24,14 @@ import numpy as np
 
 from study.report import sources
 from study.report import summary as S
+from study.report.probe import FP64_TOLERANCE
 from study.report.stats import (
     DESCRIPTIVE,
     INCONCLUSIVE,
     NOT_SUPPORTED,
     SUPPORTED,
     UNDERPOWERED,
+    UNRELIABLE,
     BandRule,
     Interval,
     Rule,
@@ -162,10 +164,38 @@ def band_finding(claim: str, statistic: str, levels: dict[float, list[float]], p
     return finding
 
 
-def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str) -> Finding:
-    """A "grows like 1/T" claim on one per-run value (`band_finding`), with the saturated rows at the lowest T."""
-    finding = band_finding(claim, statistic, per_t(runs, lambda s: s.values.get(key)))
-    finding.value += _saturation_note(runs)
+def fp64_unreliable(runs: list[Summary], ratio_key: str) -> dict[float, float]:
+    """{T: fp32/fp64} where the step-0 fp64 check (`Fp64GradientCheck`, once per setting) differs from 1 by more
+    than the probe's `FP64_TOLERANCE`: the ratio furthest from 1 over the runs at that T that ran the check."""
+    worst: dict[float, float] = {}
+    for s in runs:
+        ratio = s.values.get(ratio_key)
+        if ratio is None:
+            continue
+        bad = not math.isfinite(ratio) or ratio <= 0 or abs(ratio - 1) > FP64_TOLERANCE
+        if bad and (s.temperature not in worst or not math.isfinite(ratio) or ratio <= 0
+                    or abs(math.log(ratio)) > abs(math.log(worst[s.temperature]))):
+            worst[s.temperature] = ratio
+    return worst
+
+
+def fp64_checked(levels: dict[float, list[float]], runs: list[Summary], ratio_key: str | None) -> tuple[dict, str]:
+    """The levels fp64 does not contradict, and the note naming the ones left out (as the probe leaves them)."""
+    bad = fp64_unreliable(runs, ratio_key) if ratio_key else {}
+    if not bad:
+        return levels, ""
+    kept = {t: v for t, v in levels.items() if t not in bad}
+    note = (f"; left out, fp32 gradient {UNRELIABLE} (|fp32/fp64 - 1| > {fmt(FP64_TOLERANCE)} at step 0): "
+            + ", ".join(f"T={fmt(t)} ({fmt(r, 3)})" for t, r in sorted(bad.items())))
+    return kept, note
+
+
+def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str, ratio_key: str | None = None) -> Finding:
+    """A "grows like 1/T" claim on one per-run value (`band_finding`), with the saturated rows at the lowest T;
+    with ``ratio_key``, the levels whose step-0 fp32 gradient fp64 contradicts are left out of the fit."""
+    levels, note = fp64_checked(per_t(runs, lambda s: s.values.get(key)), runs, ratio_key)
+    finding = band_finding(claim, statistic, levels)
+    finding.value += note + _saturation_note(runs)
     return finding
 
 
@@ -498,11 +528,14 @@ def last_layer_finding(summaries: list[Summary]) -> Finding | None:
     layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
     if not layers:
         return None
-    return band_finding(
+    levels, note = fp64_checked(layer_levels(runs, "W_q,W_k", layers[-1]), runs, S.FP64_LAST_QK)
+    finding = band_finding(
         f"5. the last layer's W_q/W_k gradient grows like 1/T in training (layer {layers[-1]}: one low-T layer)",
         f"log-log slope of the median |grad W_q, W_k| of layer {layers[-1]} vs T (k = all)",
-        layer_levels(runs, "W_q,W_k", layers[-1]),
+        levels,
     )
+    finding.value += note
+    return finding
 
 
 def depth_statement(summaries: list[Summary]) -> str:
@@ -533,6 +566,7 @@ def findings(summaries: list[Summary], probe: dict | None = None) -> list[Findin
         "log-log slope of the median |grad W_q, W_k| over all layers vs T (k = all)",
         runs,
         S.GRAD_QK,
+        S.FP64_QK,
     )
     out = [jacobian, whole]
     last = last_layer_finding(main)

@@ -38,6 +38,7 @@ BY_VISIBLE_ENTROPY = t.by_visible_regex("normalized_entropy", t.VAL_PREFIX)
 
 # GradientNormMonitor (per block and kind: GRAD_BLOCK_KIND, groups block and kind) and AttentionJacobianMonitor
 GRAD_NORM, GRAD_NORM_CLIPPED, GRAD_Q, GRAD_K = t.GRAD_NORM, t.GRAD_NORM_CLIPPED, t.GRAD_Q, t.GRAD_K
+FP64_RATIO_QK, FP64_RATIO_LAST_QK = t.FP64_RATIO_QK, t.FP64_RATIO_LAST_QK  # Fp64GradientCheck, step 0
 GRAD_BLOCK_KIND = t.GRAD_BLOCK_KIND_REGEX
 JACOBIAN, JACOBIAN_MAX = t.jacobian("mean"), t.jacobian("max")
 ENTRY_RATIO_MAX = t.jacobian("entry_ratio_max")  # largest Jacobian entry x 4T (Corollary 3 entrywise: <= 1)

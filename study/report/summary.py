@@ -23,6 +23,8 @@ SPIKE_WINDOW = 5  # the running median: over the last this many logged losses
 # names of `Summary.values`
 GRAD_NORM = "grad_norm"  # median pre-clip total gradient norm over logged steps
 GRAD_QK = "grad_qk"  # median over logged steps of sqrt(|g_Wq|^2 + |g_Wk|^2)
+FP64_QK = "fp64_qk"  # step-0 fp32 / fp64 of that norm over every layer (Fp64GradientCheck), None where not run
+FP64_LAST_QK = "fp64_last_qk"  # the same for the last layer
 JACOBIAN = "jacobian"  # final validation (else median training) mean attention Jacobian norm
 JACOBIAN_MAX = "jacobian_max"  # largest sampled Jacobian norm of the run (train and validation)
 ENTRY_RATIO = "entry_ratio_mean"  # final validation mean over sampled rows of the largest Jacobian entry x 4T
@@ -206,6 +208,8 @@ def _values(run: RunData) -> dict[str, Any]:
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
         SPIKES: count_spikes(run.series(sources.FIXED_BATCH_LOSS) or run.series(sources.TRAIN_LOSS)),
+        FP64_QK: _last(run.series(sources.FP64_RATIO_QK)),
+        FP64_LAST_QK: _last(run.series(sources.FP64_RATIO_LAST_QK)),
     }
 
 

@@ -89,12 +89,73 @@ def _by_window(settings: Settings, per_layer: list[dict]) -> dict:
                                    for a in settings.alphas}}
 
 
+def _effect_sizes(settings: Settings, per_layer: list[dict]) -> dict:
+    """Theorem 1 as an effect size, per text window: at each L and N <= L, the KS statistic between per-head d and E
+    (over that window's heads of all layers) and d/E, the mean over heads of d over the mean over heads of E.
+
+    N* is where a KS test stops telling d from E, so it moves with the number of heads pooled; the KS distance and
+    d/E against N/L do not depend on that count (only their noise does). [L index] -> {ns, ks[window][n], ...}."""
+    from scipy.stats import ks_2samp
+
+    d = torch.cat([layer["d_windows"] for layer in per_layer], dim=-1).double()  # (B, nL, G, heads)
+    e = torch.cat([layer["e_windows"] for layer in per_layer], dim=-1).double()
+    g, out = settings.grids, []
+    for li, n_len in enumerate(g.lengths):
+        ns = [n for n in g.critical_ns if n <= n_len]
+        ks, ratio = [], []
+        for w in range(d.shape[0]):
+            ks_row, ratio_row = [], []
+            for n in ns:
+                dw, ew = d[w, li, g.critical_ns.index(n)], e[w, li, g.critical_ns.index(n)]
+                keep = ~(torch.isnan(dw) | torch.isnan(ew))
+                if not keep.any():
+                    ks_row.append(None)
+                    ratio_row.append(None)
+                    continue
+                ks_row.append(float(ks_2samp(dw[keep].numpy(), ew[keep].numpy()).statistic))
+                mean_e = float(ew[keep].mean())
+                ratio_row.append(float(dw[keep].mean()) / mean_e if mean_e > 0 else None)
+            ks.append(ks_row)
+            ratio.append(ratio_row)
+        out.append({"length": n_len, "ns": ns, "n_over_length": [n / n_len for n in ns], "ks": ks, "d_over_e": ratio})
+    return {"heads": int(d.shape[-1]), "by_length": out}
+
+
+def head_subsets(layers: int) -> list[list[int]]:
+    """Nested subsets of the analysed layers (positions in their list): the first, the first and the last, every
+    4th, every 2nd, all (distinct ones only). N* of each shows how it moves with the number of heads pooled."""
+    subsets, seen = [], set()
+    for subset in ([0], sorted({0, layers - 1}), list(range(0, layers, 4)), list(range(0, layers, 2)),
+                   list(range(layers))):
+        if tuple(subset) not in seen:
+            seen.add(tuple(subset))
+            subsets.append(subset)
+    return subsets
+
+
+def _n_star_by_heads(settings: Settings, per_layer: list[dict]) -> list[dict]:
+    """N* per L (d and E pooled over the windows) from the same per-head values, pooling only some layers."""
+    rows = []
+    for subset in head_subsets(len(per_layer)):
+        d = torch.cat([per_layer[i]["d"] for i in subset], dim=-1)
+        e = torch.cat([per_layer[i]["e"] for i in subset], dim=-1)
+        table = _n_star_table(settings, d, e)
+        # layer_positions: positions in the analysed layers (the results' choices.layers), not layer indices
+        rows.append({"layer_positions": subset, "heads": int(d.shape[-1]),
+                     "n_star": [r["n_star"] for r in table], "lengths": [r["length"] for r in table],
+                     "n_star_over_length": [r["n_star_over_length"] for r in table]})
+    return rows
+
+
 def _results(settings: Settings, per_layer: list[dict]) -> dict:
-    """N* per L over all heads of all layers (d and E pooled over the text windows), and N* per window."""
+    """N* per L over all heads of all layers (d and E pooled over the text windows), N* per window, the KS distance
+    and d/E against N/L per window, and N* against the number of heads pooled."""
     crit_d = torch.cat([layer["d"] for layer in per_layer], dim=-1)  # (nL, G, layers * heads)
     crit_e = torch.cat([layer["e"] for layer in per_layer], dim=-1)
     return {"alg3_critical_n": plain(_n_star_table(settings, crit_d, crit_e)),
-            "alg3_critical_n_by_window": plain(_by_window(settings, per_layer))}
+            "alg3_critical_n_by_window": plain(_by_window(settings, per_layer)),
+            "alg3_effect_size": plain(_effect_sizes(settings, per_layer)),
+            "alg3_n_star_by_heads": plain(_n_star_by_heads(settings, per_layer))}
 
 
 def _figures(results: dict, out: Path) -> dict[str, Path]:

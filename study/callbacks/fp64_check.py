@@ -1,0 +1,72 @@
+"""`Fp64GradientCheck`: the step-0 gradient of the first training batch computed again in float64, so the report
+can leave out the temperatures where an fp32 gradient is not what it claims to be."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from study import tags
+from study.metrics.gradients import grouped_grad_norms
+
+
+def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
+    """(every layer, last layer) sqrt(|g_Wq|^2 + |g_Wk|^2) of a copy of ``model`` in ``dtype`` (dropout off), for
+    the language-model loss of ``batch``. The copy keeps the training model's weights and gradients untouched."""
+    clone = copy.deepcopy(model).to(dtype).eval()
+    ids = batch["input_ids"]
+    clone(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss.backward()
+    norms = grouped_grad_norms(clone.named_parameters(), by=("kind", "block_kind"))
+    del clone
+
+    def qk(prefix: str) -> float:
+        return float(sum(float(norms.get(f"{prefix}attn_{k}", torch.zeros(()))) ** 2 for k in "qk")) ** 0.5
+
+    blocks = sorted({int(key.split("/")[0][len("block_"):]) for key in norms
+                     if key.startswith("block_") and key.split("/")[0][len("block_"):].isdigit()})
+    return qk(""), (qk(f"block_{blocks[-1]}/") if blocks else float("nan"))
+
+
+class Fp64GradientCheck(Callback):
+    """At the first training batch, the W_q/W_k gradient norm of a float32 and a float64 copy of the model on that
+    batch, logged at step 0 as fp32 / fp64 (``fp64_check/attn_qk`` over every layer, ``fp64_check/last_block/
+    attn_qk`` for the last layer). A ratio far from 1 says the fp32 gradient at this setting is rounding, not the
+    model: `study report` leaves such temperatures out of its training slopes.
+
+    The step-0 gradient depends on the setting and the batch, not the optimizer; with ``seed`` it runs only in the
+    run whose global seed is that one (once per setting, like `BaselineValidation`). Both copies run in eval mode
+    (no dropout), so they compute the same function. It costs two extra forward/backward passes and a float64
+    copy of the model (twice its fp32 memory) once per run.
+
+    Args:
+        seed: check only when the run's global seed is this (None: in every run).
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be None or an integer, got {seed!r}")
+        self.seed = seed
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step != 0 or batch_idx != 0 or not trainer.is_global_zero:
+            return
+        if self.seed is not None and os.environ.get("PL_GLOBAL_SEED") != str(self.seed):
+            return
+        model = getattr(pl_module, "model", pl_module)
+        with torch.enable_grad():
+            fp32 = _qk_norms(model, batch, torch.float32)
+            fp64 = _qk_norms(model, batch, torch.float64)
+        metrics = {tag: (a / b if b > 0 else float("nan"))
+                   for tag, a, b in ((tags.FP64_RATIO_QK, fp32[0], fp64[0]), (tags.FP64_RATIO_LAST_QK, fp32[1], fp64[1]))}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=0)
+
+
+__all__ = ["Fp64GradientCheck"]

@@ -1,0 +1,43 @@
+"""Fp64GradientCheck: the step-0 W_q/W_k gradient of the first batch in fp32 over fp64, logged once at step 0."""
+
+import math
+
+import pytest
+import torch
+
+from study import tags
+from study.callbacks import Fp64GradientCheck
+from study.callbacks.fp64_check import _qk_norms
+from tests.callback_helpers import make_trainer, scalars, token_loader
+from tests.test_callbacks_baseline import module
+
+
+def test_ratio_is_one_at_t1_and_logged_once_at_step0(tmp_path):
+    make_trainer(tmp_path, [Fp64GradientCheck()], max_steps=3).fit(module(temperature=1.0), token_loader(n=6, vocab=64))
+    logged = scalars(tmp_path)
+    for tag in (tags.FP64_RATIO_QK, tags.FP64_RATIO_LAST_QK):
+        assert [s for s, _ in logged[tag]] == [0]
+        assert logged[tag][0][1] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_norms_are_the_models_own_gradient_in_fp64():
+    """The fp64 norm equals an fp64 backward of the untouched model; the model itself keeps no gradient."""
+    lit = module(temperature=1.0)
+    batch = {"input_ids": torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))}
+    whole, last = _qk_norms(lit.model, batch, torch.float64)
+    assert all(p.grad is None for p in lit.model.parameters()) and lit.model.dtype == torch.float32
+    ref = lit.model.double().eval()
+    ref(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss.backward()
+    width = ref.config.n_embd  # fused qkv: weight columns and bias entries q | k | v
+    qk = [float(m.attn.c_attn.weight.grad[:, : 2 * width].pow(2).sum() + m.attn.c_attn.bias.grad[: 2 * width].pow(2).sum())
+          for m in ref.transformer.h]
+    assert whole == pytest.approx(math.sqrt(sum(qk)), rel=1e-9)
+    assert last == pytest.approx(math.sqrt(qk[-1]), rel=1e-9)
+
+
+def test_seeded_check_runs_only_in_that_seed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")
+    make_trainer(tmp_path, [Fp64GradientCheck(seed=0)], max_steps=1).fit(module(), token_loader(n=2, vocab=64))
+    assert tags.FP64_RATIO_QK not in scalars(tmp_path)
+    with pytest.raises(ValueError, match="got '0'"):
+        Fp64GradientCheck(seed="0")

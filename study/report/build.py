@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report.atomic import write_text_atomically
@@ -90,7 +91,7 @@ def report_text(
     title: str, source: str, summaries: list[Summary], all_runs: list[Summary], made: dict[str, str], probe: dict | None,
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
-    frozen_effect: list[str] | None = None,
+    frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
@@ -145,6 +146,7 @@ def report_text(
         "",
         md.sanity_table(sanity_checks(summaries)),
         "",
+        *(control_section or []),
         *probe_section(probe, probe_figure),
         *(frozen_effect or []),
         "## Per temperature (softmax, k = all; mean [95% CI] over seeds)",
@@ -248,6 +250,8 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["excess_slopes"] = excess_json(primary)
+    found_controls = planted_controls.controls()  # planted settings with known verdicts (study.report.controls)
+    data["controls"] = planted_controls.controls_json(found_controls)
     if analysis and analysis.get("alg3_effect_size"):
         data["theorem1_effect_size"] = critical_effect.effect_json(analysis)
     if lr_curves is not None:
@@ -255,6 +259,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
         plain=(plain := md.plain_summary(data)), frozen_effect=frozen_effect,
+        control_section=planted_controls.section(found_controls),
     )  # fmt: skip
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown

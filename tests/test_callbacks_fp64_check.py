@@ -41,3 +41,26 @@ def test_seeded_check_runs_only_in_that_seed(tmp_path, monkeypatch):
     assert tags.FP64_RATIO_QK not in scalars(tmp_path)
     with pytest.raises(ValueError, match="got '0'"):
         Fp64GradientCheck(seed="0")
+
+
+def test_the_model_is_converted_in_place_and_back_exactly_and_the_taps_see_nothing():
+    """The fp64 pass converts the training model itself (no float64 copy beside it): afterwards every weight is
+    bit-identical, the training mode is restored, and an open tap saw none of the check's attention calls."""
+    from study.attention.tap import tapping
+
+    lit = module(temperature=0.1)
+    lit.model.train()
+    before = {name: p.detach().clone() for name, p in lit.model.named_parameters()}
+    batch = {"input_ids": torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))}
+
+    class Counter:
+        calls = 0
+
+        def observe(self, *args, **kwargs):
+            Counter.calls += 1
+
+    with tapping(Counter()):
+        _qk_norms(lit.model, batch, torch.float64)
+    assert Counter.calls == 0
+    assert lit.model.training and lit.model.dtype == torch.float32
+    assert all(torch.equal(p, before[name]) and p.dtype == torch.float32 for name, p in lit.model.named_parameters())

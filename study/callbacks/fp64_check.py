@@ -13,17 +13,35 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from study import tags
+from study.attention.tap import suspended
 from study.metrics.gradients import grouped_grad_norms
 
 
 def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
-    """(every layer, last layer) sqrt(|g_Wq|^2 + |g_Wk|^2) of a copy of ``model`` in ``dtype`` (dropout off), for
-    the language-model loss of ``batch``. The copy keeps the training model's weights and gradients untouched."""
-    clone = copy.deepcopy(model).to(dtype).eval()
-    ids = batch["input_ids"]
-    clone(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss.backward()
-    norms = grouped_grad_norms(clone.named_parameters(), by=("kind", "block_kind"))
-    del clone
+    """(every layer, last layer) sqrt(|g_Wq|^2 + |g_Wk|^2) of ``model`` in ``dtype`` (dropout off), for the
+    language-model loss of ``batch``.
+
+    The model itself is converted to ``dtype`` and back, not copied: a float32 -> float64 -> float32 round trip is
+    exact, and a copy in float64 would hold the model three times over at once (a resident-memory budget counts
+    that). Its gradients, training mode and weights are as they were afterwards; a model that is not all float32
+    is copied instead (its round trip would not be exact)."""
+    floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    in_place = all(t.dtype == torch.float32 for t in floating)
+    target = model if in_place else copy.deepcopy(model)
+    saved_grads = [p.grad for p in target.parameters()]
+    was_training = target.training
+    try:
+        for p in target.parameters():
+            p.grad = None
+        target.to(dtype).eval()
+        ids = batch["input_ids"]
+        with suspended():  # the monitors' taps are open on this step: these passes are not the training step's
+            target(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss.backward()
+        norms = grouped_grad_norms(target.named_parameters(), by=("kind", "block_kind"))
+    finally:
+        target.to(torch.float32).train(was_training)
+        for p, grad in zip(target.parameters(), saved_grads):
+            p.grad = grad
 
     def qk(prefix: str) -> float:
         return float(sum(float(norms.get(f"{prefix}attn_{k}", torch.zeros(()))) ** 2 for k in "qk")) ** 0.5
@@ -40,9 +58,10 @@ class Fp64GradientCheck(Callback):
     model: `study report` leaves such temperatures out of its training slopes.
 
     The step-0 gradient depends on the setting and the batch, not the optimizer; with ``seed`` it runs only in the
-    run whose global seed is that one (once per setting, like `BaselineValidation`). Both copies run in eval mode
-    (no dropout), so they compute the same function. It costs two extra forward/backward passes and a float64
-    copy of the model (twice its fp32 memory) once per run.
+    run whose global seed is that one (once per setting, like `BaselineValidation`). Both passes run in eval mode
+    (no dropout), so they compute the same function, with the monitors' taps suspended. It costs two extra
+    forward/backward passes once per run and, while the float64 pass runs, the model's weights in float64 in place
+    of float32 (converted back exactly).
 
     Args:
         seed: check only when the run's global seed is this (None: in every run).

@@ -43,8 +43,11 @@ test: setup
 test-all: setup
 	$(PYTEST)
 
+# Duplicate code only (pylint's R0801): six or more shared lines in study/ are one piece of logic written twice.
 lint: setup
 	$(BIN)/ruff check study tests scripts
+	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 --ignore-imports=yes \
+		--score=no study
 
 # One sweep at a time: HParams shows one experiment per logdir (`make tensorboard SWEEP=default-quick`).
 SWEEP ?= default

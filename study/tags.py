@@ -119,23 +119,32 @@ JACOBIAN_STATISTICS = ("entry_ratio_mean", "frac_near_quarter_T", "frac_saturate
 
 
 # ---- gradient norms (GradientNormMonitor) -----------------------------------------------------------------------
+# The group names `study.metrics.gradients.grouped_grad_norms` returns are the leaves of the `grad_norm/` tags.
+GRAD_GROUP_TOTAL = "total"
+GRAD_GROUP_BLOCK_PREFIX = "block_"
+
+
+def grad_group_block(block: int | None) -> str:
+    """``block_{i}`` for transformer block i, ``block_none`` for parameters outside the blocks."""
+    return f"{GRAD_GROUP_BLOCK_PREFIX}{'none' if block is None else block}"
+
+
+def grad_group_block_kind(block: int | None, kind: str) -> str:
+    """``block_{i}/{kind}``: one block's parameters of one kind (``by`` "block_kind")."""
+    return f"{grad_group_block(block)}/{kind}"
+
+
 def grad_norm(group: str) -> str:
     """``grad_norm/{group}``: total, total_clipped, nonfinite_count, block_{i}, a parameter kind, ``param/{name}``."""
     return f"grad_norm/{group}"
 
 
-GRAD_NORM = grad_norm("total")  # before clipping
+GRAD_NORM = grad_norm(GRAD_GROUP_TOTAL)  # before clipping
 GRAD_NORM_CLIPPED = grad_norm("total_clipped")
 GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
 GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
-
-
-def grad_norm_block_kind(block: int, kind: str) -> str:
-    """``grad_norm/block_{i}/{kind}``: one layer's gradient norm of one parameter kind (``by`` "block_kind")."""
-    return grad_norm(f"block_{block}/{kind}")
-
-
-GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm("block_")) + r"(\d+)/(\w+)$"  # groups: block, kind
+GRAD_BLOCK_REGEX = "^" + re.escape(grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"(\d+|none)$"  # group: the block
+GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"(\d+)/(\w+)$"  # groups: block, kind
 
 
 # ---- the run-level scalars that lead TensorBoard's Scalars / Time Series pages ---------------------------------

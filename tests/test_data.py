@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from study.data import TextDataModule, gpt2_tokenizer, shakespeare_files
+from study.errors import ConfigError
 
 
 def test_local_files_are_packed_into_full_blocks(text_files, tmp_path):
@@ -109,7 +110,7 @@ def test_model_tokenizer_needs_a_model_and_a_tokenizer(text_files, tmp_path):
     (tmp_path / "bare").mkdir()
     dm = TextDataModule("files", train_files=[train], val_files=[val], tokenizer="auto",
                         model_name_or_path=str(tmp_path / "bare"), cache_dir=str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="bare has no tokenizer files"):
+    with pytest.raises(ConfigError, match="bare has no tokenizer files"):
         _ = dm.vocab_size
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from study import tags
 from study.report import build_report
 from study.report import main as report_main
 from study.report.read import read_scalars
@@ -178,15 +179,14 @@ def test_figures_show_their_data(tmp_path, monkeypatch):
     import matplotlib.colors
 
     from study.report import figures as F
-    from study.report import sources as report_tags
     from study.report import summary as S
     from study.report.summary import Summary
 
     drawn = {}
     monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
     ppl = {0.01: 2230.0, 0.1: 900.0, 1.0: 595.0}
-    run = SimpleNamespace(series=lambda tag: [(24, 700.0)] if tag == report_tags.VAL_PPL else [(0, 7.0), (5, 6.5), (10, 6.4), (15, 6.3)])
-    summaries = [Summary(f"T{t}_k{k}_s{seed}", t, k, seed=seed, final={report_tags.VAL_PPL: p},
+    run = SimpleNamespace(series=lambda tag: [(24, 700.0)] if tag == tags.VAL_PPL else [(0, 7.0), (5, 6.5), (10, 6.4), (15, 6.3)])
+    summaries = [Summary(f"T{t}_k{k}_s{seed}", t, k, seed=seed, final={tags.VAL_PPL: p},
                          values={S.SPIKES: 0, S.CLIPPED: 0.0}, run=run)
                  for t, p in ppl.items() for k in (None, 8) for seed in (0, 1)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from study import tags
 from study.report import figures as F
 from study.report import sources
 from study.report import summary as S
@@ -22,8 +23,8 @@ ARM_PPL = 1180.0  # the SGD runs that finish: far above the AdamW runs at T = 1
 
 def _run(name: str, ppl: float, weight: float) -> RunData:
     scalars = {
-        sources.TRAIN_LOSS: [(0, 5.0), (5, 4.5), (10, 4.0), (13, 3.9)],
-        sources.VAL_PPL: [(14, ppl)],
+        tags.TRAIN_LOSS: [(0, 5.0), (5, 4.5), (10, 4.0), (13, 3.9)],
+        tags.VAL_PPL: [(14, ppl)],
         "val/attention/by_visible/max_weight/n2": [(14, weight)],
         "val/attention/by_visible/max_weight/n4": [(14, weight / 2)],
         "val/attention/by_visible/normalized_entropy/n2": [(14, 0.5)],
@@ -36,7 +37,7 @@ def _summary(t, k, seed, optimizer, lr, ppl, state="finished", entropy=0.4, grad
     name = f"T{t}_k{'all' if k is None else k}_s{seed}_{optimizer}_lr{lr}"
     return Summary(
         name, t, k, seed=seed, state=state, optimizer=optimizer, learning_rate=lr,
-        final={sources.VAL_PPL: ppl, sources.NORMALIZED_ENTROPY: entropy},
+        final={tags.VAL_PPL: ppl, sources.NORMALIZED_ENTROPY: entropy},
         values={S.SPIKES: 3 if optimizer == "sgd" else 0, S.CLIPPED: 0.0, S.GRAD_NORM: grad, S.GRAD_QK: grad,
                 S.JACOBIAN: 0.1},
         run=_run(name, ppl, 0.9 if optimizer == "sgd" else 0.3),

@@ -167,16 +167,16 @@ def _summary(params, scalars, state="finished", loaded=None):
 
 
 def test_runs_from_summaries_keep_their_arm_and_their_own_loss_at_init():
-    from study.report import sources
+    from study import tags
     from study.report.lrcurves import is_lr_sweep, lr_run
 
     base = {"temperature": 0.1, "top_k": None, "normalizer": "softmax", "seed": 2, "learning_rate": 0.03}
-    stopped = _summary({**base, "qk_norm": True}, {sources.VAL_LOSS: [(0, 7.5)]}, state="diverged")
+    stopped = _summary({**base, "qk_norm": True}, {tags.VAL_LOSS: [(0, 7.5)]}, state="diverged")
     run = lr_run(stopped)
     assert (run.arm, run.init_loss, run.nonfinite, run.diverged, run.seed) == ("qk_norm", 7.5, True, True, 2)
-    folded = lr_run(_summary({**base, "temperature_in": "init"}, {sources.VAL_LOSS: [(0, 7.4), (10, 5.0)]}))
+    folded = lr_run(_summary({**base, "temperature_in": "init"}, {tags.VAL_LOSS: [(0, 7.4), (10, 5.0)]}))
     assert (folded.arm, folded.init_loss, folded.final_loss, folded.stable) == ("init_scale", 7.4, 5.0, True)
-    assert lr_run(_summary(base, {sources.VAL_LOSS: [(0, 7.4), (10, 5.0)]})).arm == "softmax"
+    assert lr_run(_summary(base, {tags.VAL_LOSS: [(0, 7.4), (10, 5.0)]})).arm == "softmax"
     sweep = [_summary({**base, "learning_rate": lr}, {}) for lr in (1e-3, 1e-2, 1e-1)]
     assert is_lr_sweep(sweep)
     fine_tuned = [_summary({**base, "learning_rate": lr}, {}, loaded="gpt2") for lr in (1e-3, 1e-2, 1e-1)]

@@ -300,10 +300,10 @@ def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
 def test_the_analysis_step_is_cached_by_its_arguments_and_replaced_when_they_change(tmp_path, monkeypatch):
     """`analyze:` runs `study analyze` once; the same arguments reuse results.json, other arguments replace it."""
     import study.frozen.analysis.command as command
-    from study.sweep.frozen_steps import frozen_steps, run_in_process
+    from study.sweep.frozen_steps import frozen_steps, run_step_here
 
     def run_analyze(plan):
-        return run_in_process(next(step for step in frozen_steps(plan) if step.label == "analyze"))
+        return run_step_here(next(step for step in frozen_steps(plan) if step.label == "analyze"))
 
     calls = []
 

@@ -19,7 +19,7 @@ from study.callbacks.base import due, last_step, write_scalars
 from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
 from study.metrics import grouped_grad_norms, nonfinite_grad_count, total_grad_norm
 
-_BLOCK = re.compile(r"block_(\d+)(?:/|$)")  # a grouped norm's block: block_3, block_3/attn_q
+_BLOCK = re.compile(re.escape(tags.GRAD_GROUP_BLOCK_PREFIX) + r"(\d+)(?:/|$)")  # a grouped norm's block: block_3, block_3/attn_q
 
 
 class GradientNormMonitor(Callback):

@@ -99,7 +99,7 @@ def custom_scalars_layout() -> dict[str, dict[str, list]]:
         },
         CLOSED[2]: {
             "gradient norm per block, all kinds" + LOG_HINT: [
-                "Multiline", ["^" + re.escape(tags.grad_norm("block_")) + r"(\d+|none)$"]],
+                "Multiline", [tags.GRAD_BLOCK_REGEX]],
         },
     }
     return layout

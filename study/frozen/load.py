@@ -16,18 +16,13 @@ from typing import Any
 
 import torch
 
+from study.corpus import is_tokenizer_dir, load_tokenizer
 from study.errors import ConfigError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx")  # where configs keep the context length
 
 
 # ---- the model --------------------------------------------------------------------------------------------------
-def is_tokenizer_dir(path: str | os.PathLike) -> bool:
-    path = Path(path)
-    return path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES)
-
-
 def model_kind(name: str) -> str:
     """'embedded', 'gguf', 'ckpt', 'dir' or 'hub'; a path that does not exist is an error, not a hub name.
 
@@ -85,22 +80,6 @@ def context_of(config_or_model: Any) -> int | None:
 def check_seq_len(seq_len: int, context: int | None, model: str, flag: str = "--seq-len") -> None:
     if context is not None and seq_len > context:
         raise ConfigError(f"{flag} {seq_len} is longer than the context length of {model} ({context} tokens)")
-
-
-def load_tokenizer(spec: str):
-    """'gpt2' (GPT-2's BPE, offline too) or a folder holding a saved tokenizer."""
-    from transformers import AutoTokenizer
-
-    from study.console import quiet_loading
-
-    if spec == "gpt2":
-        from study.corpus import gpt2_tokenizer
-
-        return gpt2_tokenizer()
-    if not is_tokenizer_dir(spec):
-        raise ConfigError(f"tokenizer {spec!r} is neither 'gpt2' nor a directory holding a saved tokenizer")
-    with quiet_loading():
-        return AutoTokenizer.from_pretrained(spec)
 
 
 def checkpoint_tokenizer(ckpt: Path, hparams: dict):

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from study import tags
+
 KINDS = (
     "attn_q",
     "attn_k",
@@ -156,7 +158,7 @@ def grouped_grad_norms(
             continue
         kind = parameter_kind(name)
         block = block_index(name)
-        block_key = f"block_{block}" if block is not None else "block_none"
+        block_key = tags.grad_group_block(block)
         # Per-kind pieces: a fused qkv gradient contributes its three slices separately.
         pieces: list[tuple[str, Tensor]]
         if kind == "attn_qkv":
@@ -179,10 +181,10 @@ def grouped_grad_norms(
             if "kind" in by:
                 add(piece_kind, piece_sq)
             if "block_kind" in by:
-                add(f"{block_key}/{piece_kind}", piece_sq)
+                add(tags.grad_group_block_kind(block, piece_kind), piece_sq)
 
     out = {key: value.sqrt() for key, value in sums.items()}
-    out["total"] = total.sqrt() if total is not None else torch.zeros(())
+    out[tags.GRAD_GROUP_TOTAL] = total.sqrt() if total is not None else torch.zeros(())
     return out
 
 

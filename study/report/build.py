@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from study import tags
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
@@ -36,7 +37,7 @@ from study.report.summary import Summary, dedupe, share_baselines, summarize
 from study.report.tensorboard import write_report_events
 
 WANTED_TAGS = (
-    sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.GRAD_NORM, sources.GRAD_Q, sources.GRAD_K,
+    tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *sources.ATTENTION_TAGS, tags.GRAD_NORM, tags.GRAD_Q, tags.GRAD_K,
     sources.JACOBIAN, sources.ENTRY_RATIO_MEAN, sources.NEAR_QUARTER_T, sources.FRAC_SATURATED, sources.SATURATED_ROWS,
 )  # fmt: skip
 

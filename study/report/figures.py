@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from study import tags
 from study.report import sources
 from study.report import summary as S
 from study.report.atomic import write_atomically
@@ -69,7 +70,7 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
     plt = _plt()
     temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, tag in zip(axes, (sources.TRAIN_LOSS, sources.VAL_PPL)):
+    for ax, tag in zip(axes, (tags.TRAIN_LOSS, tags.VAL_PPL)):
         named: set[tuple[float, str]] = set()
         for s in summaries:
             series = s.series(tag)
@@ -89,7 +90,7 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
     if axes[1].get_legend_handles_labels()[0] or axes[0].get_legend_handles_labels()[0]:
         (axes[1] if axes[1].get_legend_handles_labels()[0] else axes[0]).legend(fontsize=7, ncol=2, loc="upper right")
     _save(fig, out / "curves.png")
-    return (f"{sources.TRAIN_LOSS} and {sources.VAL_PPL} per run (colour: T, line style: k; one line per seed); "
+    return (f"{tags.TRAIN_LOSS} and {tags.VAL_PPL} per run (colour: T, line style: k; one line per seed); "
             f"{drawn(summaries)}")
 
 
@@ -233,16 +234,16 @@ def arms(summaries: list[Summary], out: Path) -> str | None:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5))
-    finite = [p for s in summaries if not s.diverged and (p := s.final.get(sources.VAL_PPL)) and math.isfinite(p)]
+    finite = [p for s in summaries if not s.diverged and (p := s.final.get(tags.VAL_PPL)) and math.isfinite(p)]
     ceiling = max(finite) * 3 if finite else 10.0  # where a diverged run's cross is drawn
-    main_ppl = per_t([s for s in main if not s.diverged], lambda s: s.final.get(sources.VAL_PPL))
+    main_ppl = per_t([s for s in main if not s.diverged], lambda s: s.final.get(tags.VAL_PPL))
     if main_ppl:
         ax.plot(list(main_ppl), [float(np.exp(np.mean(np.log(v)))) for v in main_ppl.values()], "k-", lw=1.5,
                 label=f"main arm ({drawn(main)}), geometric mean")
     cells = sorted({(s.optimizer, s.learning_rate or 0.0) for s in others})
     for (optimizer, lr), marker in zip(cells, "osD^v<>p*h"):
         cell = [s for s in others if (s.optimizer, s.learning_rate or 0.0) == (optimizer, lr)]
-        ok = [(s.temperature, p) for s in cell if not s.diverged and (p := s.final.get(sources.VAL_PPL))]
+        ok = [(s.temperature, p) for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
         bad = [s.temperature for s in cell if s.diverged]
         label = f"{optimizer} lr {fmt(lr)}"
         line = ax.plot(*zip(*ok), marker=marker, ls="", ms=7, label=label)[0] if ok else None
@@ -274,7 +275,7 @@ def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
     for i, t in enumerate(temps):
         for j, k in enumerate(ks):
             cell = [s for s in summaries if s.temperature == t and s.k_label == k]
-            ppl = [p for s in cell if not s.diverged and (p := s.final.get(sources.VAL_PPL))]
+            ppl = [p for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
             if ppl:
                 grid[i, j] = float(np.exp(np.mean(np.log(ppl))))
             elif cell and all(s.diverged for s in cell):
@@ -308,7 +309,7 @@ def normalizers(summaries: list[Summary], out: Path) -> str | None:
     names = sorted({s.normalizer for s in summaries})
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     panels = (
-        ("final val/ppl", lambda s: None if s.diverged else s.final.get(sources.VAL_PPL)),
+        ("final val/ppl", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL)),
         ("final H / log n (validation)", lambda s: s.final.get(sources.NORMALIZED_ENTROPY)),
         ("median pre-clip grad norm", lambda s: s.values.get(S.GRAD_NORM)),
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from study import tags
 from study.report import sources
 from study.report import summary as S
 from study.report.probe import FP64_TOLERANCE
@@ -325,8 +326,8 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
         r = ref_by_seed.get(s.seed)
         if s.diverged or r is None:
             return None
-        start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(sources.VAL_LOSS)
-        ref_start, ref_end = r.values.get(S.VAL_LOSS_BASELINE), r.final.get(sources.VAL_LOSS)
+        start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(tags.VAL_LOSS)
+        ref_start, ref_end = r.values.get(S.VAL_LOSS_BASELINE), r.final.get(tags.VAL_LOSS)
         if None in (start, end, ref_start, ref_end) or not start - ref_start > 0:
             return None  # no baseline, or no gap to close
         ratios["step 0"].append(math.exp(start - ref_start))

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from study import tags
-from study.report import sources
 from study.report import summary as S
 from study.report.atomic import write_atomically
 from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean_interval, percent
@@ -426,7 +425,7 @@ def _series(summary: Summary, tag: str | None) -> tuple[tuple[int, float], ...]:
 def _init_loss(summary: Summary) -> float | None:
     """The run's own step-0 validation loss: also for a run stopped before any later validation, whose summary has
     none (the report's `share_baselines` would lend it another arm's, whose model at init differs)."""
-    val = _series(summary, sources.VAL_LOSS)
+    val = _series(summary, tags.VAL_LOSS)
     if val and val[0][0] == 0:
         return val[0][1]
     return summary.values.get(S.VAL_LOSS_BASELINE)
@@ -441,10 +440,10 @@ def lr_run(summary: Summary) -> LRRun:
         seed=int(summary.seed or 0),
         learning_rate=float(summary.learning_rate),
         init_loss=_init_loss(summary),
-        final_loss=None if summary.diverged else summary.final.get(sources.VAL_LOSS),
+        final_loss=None if summary.diverged else summary.final.get(tags.VAL_LOSS),
         nonfinite=summary.diverged,
         stop_step=summary.steps,
-        train_loss=_series(summary, sources.TRAIN_LOSS),
+        train_loss=_series(summary, tags.TRAIN_LOSS),
         max_logit=_series(summary, MAX_LOGIT_TAG),
         collapse_step=collapse,
         collapse_logged=bool(_series(summary, COLLAPSE_TAG)),

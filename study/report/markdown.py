@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from study import tags
 from study.report import sources
 from study.report import summary as S
 from study.report.findings import (
@@ -85,9 +86,9 @@ def per_t_table(summaries: list[Summary]) -> str:
     runs = k_all(main_arm(summaries))
     columns: list[tuple[str, Callable[[Summary], float | None], bool]] = [
         ("step-0 val/loss", lambda s: s.values.get(S.VAL_LOSS_BASELINE), False),
-        ("final val/loss", lambda s: None if s.diverged else s.final.get(sources.VAL_LOSS), False),
+        ("final val/loss", lambda s: None if s.diverged else s.final.get(tags.VAL_LOSS), False),
         ("change from step 0", lambda s: _change(s), False),
-        ("final val/ppl (geometric)", lambda s: None if s.diverged else s.final.get(sources.VAL_PPL), True),
+        ("final val/ppl (geometric)", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL), True),
         ("\\|grad W_q,W_k\\| (geometric)", lambda s: s.values.get(S.GRAD_QK), True),
         ("Jacobian (geometric)", lambda s: s.values.get(S.JACOBIAN), True),
         ("largest entry x 4T", lambda s: s.values.get(S.ENTRY_RATIO), False),
@@ -109,7 +110,7 @@ def per_t_table(summaries: list[Summary]) -> str:
 
 
 def _change(s: Summary) -> float | None:
-    start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(sources.VAL_LOSS)
+    start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(tags.VAL_LOSS)
     return None if s.diverged or start is None or end is None else end - start
 
 
@@ -157,7 +158,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
                 name,
                 str(len(group)),
                 str(sum(s.diverged for s in group)),
-                med([s.final.get(sources.VAL_PPL) for s in group if not s.diverged]),
+                med([s.final.get(tags.VAL_PPL) for s in group if not s.diverged]),
                 med([s.final.get(sources.NORMALIZED_ENTROPY) for s in group]),
                 med([s.final.get(sources.NONZERO) for s in group]),
                 med([s.values.get(S.GRAD_NORM) for s in group]),
@@ -167,7 +168,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
 
 
 RUN_COLUMNS = [
-    "run", "T", "k", "normalizer", "optimizer", "lr", "seed", "state", "steps", "clip", sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, "H/log n",
+    "run", "T", "k", "normalizer", "optimizer", "lr", "seed", "state", "steps", "clip", tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, "H/log n",
     "KL uniform", "grad norm (median)", "clipped frac", "spikes", "skipped", "reason", "identical runs",
 ]  # fmt: skip
 
@@ -192,7 +193,7 @@ def run_rows(summaries: list[Summary]) -> list[list[str]]:
                 s.name, f"{s.temperature:g}", s.k_label, s.normalizer, s.optimizer, fmt(s.learning_rate),
                 "" if s.seed is None else str(s.seed), s.state,
                 "" if s.steps is None else str(s.steps), fmt(s.clip) if s.clip else "off",
-                fmt(s.final.get(sources.TRAIN_LOSS)), fmt(s.final.get(sources.VAL_LOSS)), fmt(s.final.get(sources.VAL_PPL)),
+                fmt(s.final.get(tags.TRAIN_LOSS)), fmt(s.final.get(tags.VAL_LOSS)), fmt(s.final.get(tags.VAL_PPL)),
                 fmt(s.final.get(sources.NORMALIZED_ENTROPY)), fmt(s.final.get(sources.KL_UNIFORM)),
                 fmt(s.values.get(S.GRAD_NORM)), fmt(s.values.get(S.CLIPPED)),
                 "" if spikes is None else str(spikes), str(s.skipped), s.reason, ", ".join(s.same_as),
@@ -210,8 +211,8 @@ def definitions() -> str:
         f"{percent(CONFIDENCE)}; the per-temperature table's cells are descriptive {percent(CONFIDENCE)} intervals, "
         f"outside the family. Fewer than {MIN_REPLICATES} replicates per group gives no interval and an inconclusive "
         "verdict. "
-        f"A loss spike is a logged `{sources.FIXED_BATCH_LOSS}` (one held-out batch, where logged; else "
-        f"`{sources.TRAIN_LOSS}`) above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} logged before it (or "
+        f"A loss spike is a logged `{tags.FIXED_BATCH_LOSS}` (one held-out batch, where logged; else "
+        f"`{tags.TRAIN_LOSS}`) above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} logged before it (or "
         "non-finite); "
         "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "

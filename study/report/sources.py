@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from study import tags as t
 
-TRAIN_LOSS, VAL_LOSS, VAL_PPL = t.TRAIN_LOSS, t.VAL_LOSS, t.VAL_PPL
-FIXED_BATCH_LOSS = t.FIXED_BATCH_LOSS  # FixedBatchLoss: spikes are judged on it when a run logged it
-
 # AttentionEntropyMonitor / SelectionUniformityMonitor, aggregated over each validation epoch (held-out text,
 # every row, mean over layers and heads): the state of attention at the end of a run, measured the same way for
 # every setting. (The same statistics without the `val/` prefix are training-step samples.)
@@ -36,10 +33,7 @@ VAL_SELECTION_ENTROPY_BY_K = t.attention_mean_regex(r"selection_entropy_k(\d+)",
 BY_VISIBLE_MAX_WEIGHT = t.by_visible_regex("max_weight", t.VAL_PREFIX)  # group 1: the bin's n
 BY_VISIBLE_ENTROPY = t.by_visible_regex("normalized_entropy", t.VAL_PREFIX)
 
-# GradientNormMonitor (per block and kind: GRAD_BLOCK_KIND, groups block and kind) and AttentionJacobianMonitor
-GRAD_NORM, GRAD_NORM_CLIPPED, GRAD_Q, GRAD_K = t.GRAD_NORM, t.GRAD_NORM_CLIPPED, t.GRAD_Q, t.GRAD_K
-FP64_RATIO_QK, FP64_RATIO_LAST_QK = t.FP64_RATIO_QK, t.FP64_RATIO_LAST_QK  # Fp64GradientCheck, step 0
-GRAD_BLOCK_KIND = t.GRAD_BLOCK_KIND_REGEX
+# GradientNormMonitor (per block and kind: tags.GRAD_BLOCK_KIND_REGEX, groups block and kind) and AttentionJacobianMonitor
 JACOBIAN, JACOBIAN_MAX = t.jacobian("mean"), t.jacobian("max")
 ENTRY_RATIO_MAX = t.jacobian("entry_ratio_max")  # largest Jacobian entry x 4T (Corollary 3 entrywise: <= 1)
 # validation epochs: the trained model on held-out text, the same rows for every setting
@@ -55,5 +49,4 @@ MAX_LOGIT = t.val(t.MAX_LOGIT)
 SINK_RATE = t.val(t.SINK_RATE)
 
 # NonFiniteGuard (log_grad_norm: true): the same pre-clip total norm, used only when no gradient monitor logged it.
-GUARD_GRAD_NORM, GUARD_SKIPPED = t.GUARD_GRAD_NORM, t.GUARD_SKIPPED
-GRAD_NORM_SOURCES = (GRAD_NORM, GUARD_GRAD_NORM)  # the pre-clip total gradient norm: first tag present wins
+GRAD_NORM_SOURCES = (t.GRAD_NORM, t.GUARD_GRAD_NORM)  # the pre-clip total gradient norm: first tag present wins

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from study import tags
 from study.report import sources
 from study.report.read import RunData
 from study.report.stats import loglog_slope
@@ -108,15 +109,15 @@ def count_spikes(series: list[tuple[int, float]] | None) -> int | None:
 
 
 def _qk_series(run: RunData) -> list[tuple[int, float]] | None:
-    q, k = run.series(sources.GRAD_Q), dict(run.series(sources.GRAD_K) or [])
+    q, k = run.series(tags.GRAD_Q), dict(run.series(tags.GRAD_K) or [])
     if not q or not k:
         return None
     return [(s, math.hypot(v, k[s])) for s, v in q if s in k]
 
 
 def _clipped_fraction(run: RunData, grad: list[tuple[int, float]] | None) -> float | None:
-    if grad and run.series(sources.GRAD_NORM_CLIPPED):
-        after = dict(run.series(sources.GRAD_NORM_CLIPPED))
+    if grad and run.series(tags.GRAD_NORM_CLIPPED):
+        after = dict(run.series(tags.GRAD_NORM_CLIPPED))
         pairs = [(v, after[s]) for s, v in grad if s in after]
         return sum(a < v * (1 - 1e-6) for v, a in pairs) / len(pairs) if pairs else None
     if grad:
@@ -159,7 +160,7 @@ def layer_gradients(run: RunData) -> dict[str, dict[int, float]]:
     norm). Groups a run did not log (frozen MLPs) are absent."""
     by_kind: dict[tuple[int, str], dict[int, float]] = {}
     for tag, series in run.scalars.items():
-        match = re.match(sources.GRAD_BLOCK_KIND, tag)
+        match = re.match(tags.GRAD_BLOCK_KIND_REGEX, tag)
         if match and series:
             by_kind[(int(match.group(1)), match.group(2))] = dict(series)
     out: dict[str, dict[int, float]] = {}
@@ -201,25 +202,25 @@ def _values(run: RunData) -> dict[str, Any]:
         ENTRY_RATIO: _val_or_train(run, sources.ENTRY_RATIO_MEAN),
         ENTRY_RATIO_MAX: max(ratios) if ratios else None,
         NEAR_QUARTER: _val_or_train(run, sources.NEAR_QUARTER_T),
-        VAL_LOSS_BASELINE: _baseline(run.series(sources.VAL_LOSS)),
+        VAL_LOSS_BASELINE: _baseline(run.series(tags.VAL_LOSS)),
         SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
         SELECTION_DRIFT: drift,
         SELECTION_FINAL: final_sel,
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
-        SPIKES: count_spikes(run.series(sources.FIXED_BATCH_LOSS) or run.series(sources.TRAIN_LOSS)),
-        FP64_QK: _last(run.series(sources.FP64_RATIO_QK)),
-        FP64_LAST_QK: _last(run.series(sources.FP64_RATIO_LAST_QK)),
+        SPIKES: count_spikes(run.series(tags.FIXED_BATCH_LOSS) or run.series(tags.TRAIN_LOSS)),
+        FP64_QK: _last(run.series(tags.FP64_RATIO_QK)),
+        FP64_LAST_QK: _last(run.series(tags.FP64_RATIO_LAST_QK)),
     }
 
 
 def summarize(run: RunData) -> Summary:
     final_tags = (
-        sources.TRAIN_LOSS, sources.VAL_LOSS, sources.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
+        tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
         sources.VAL_SELECTION_TV, sources.MAX_LOGIT, sources.SINK_RATE,
     )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
-    skipped = int(run.status.get("skipped_steps") or (_last(run.series(sources.GUARD_SKIPPED)) or 0))
+    skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
     return Summary(
         name=run.name,
         temperature=float(run.params.get("temperature", 1.0)),

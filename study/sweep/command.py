@@ -12,8 +12,7 @@ import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
-from study.sweep.frozen_steps import frozen_steps
-from study.sweep.frozen_steps import run_in_process as run_frozen_step
+from study.sweep.frozen_steps import frozen_steps, run_step_here
 from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
 from study.sweep.pool import (
@@ -127,7 +126,7 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
     if not elsewhere:
         for step in frozen_steps(plan):
             if step.label not in outcomes:
-                outcomes[step.label] = run_frozen_step(step, quiet=not args.verbose)
+                outcomes[step.label] = run_step_here(step, quiet=not args.verbose)
         elsewhere = [label for label, outcome in outcomes.items() if outcome is None]
     if elsewhere:
         print(

@@ -86,7 +86,7 @@ def frozen_steps(plan: Plan) -> list[FrozenStep]:
     return steps
 
 
-def run_in_process(step: FrozenStep, quiet: bool = True) -> bool | None:
+def run_step_here(step: FrozenStep, quiet: bool = True) -> bool | None:
     """Run ``step`` here (``quiet``: its output to its log). True: done or cached; False: failed; None: another
     process holds it."""
     if step.cached():

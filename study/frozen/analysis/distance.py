@@ -15,7 +15,7 @@ from study import tags
 
 from . import plots
 from .registration import Analysis, LayerInput, Settings, mean_of, per_head_rows, prefix_means, stack_layers
-from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_ranks
+from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_chunks
 
 DISTANCE_READINGS = ("sum_outside", "norm_of_sum")
 
@@ -113,29 +113,16 @@ def distance_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int], *,
             # Squared pairwise distances from the Gram matrix; only maxima are used (d1 is the largest distance,
             # so the cancellation of |x|^2 + |y|^2 - 2 x.y does not matter there), sqrt of the maxima only.
             sqpair = (xn2[:, None] + xn2[None, :]).sub_(xp @ xp.T, alpha=2).clamp_min_(0)
-        for t0 in range(0, L, C):
-            t1 = min(L, t0 + C)
-            # Keys after the chunk's last row are invisible to all its rows: work on columns 0..t1-1 only
-            # (the causal triangle, about half the work of full rows).
-            Lc = t1
-            xc, x2c = xp[:Lc], xn2[:Lc]
-            n = pos[t0:t1] + 1  # visible count of each row
-            visible = pos[None, :Lc] < n[:, None]
-            a = w[p, t0:t1, :Lc].masked_fill(~visible, 0.0)  # (C, Lc)
-            k = min(max(ns), Lc)
-            order, rank = top_ranks(a, visible, k)
-            member = rank[:, None, :] < nt[None, :, None]  # (C, G, Lc): i in I_N
-            outside = ~member & visible[:, None, :]
-            aw = a[:, None, :] * member
-            s = aw @ xc  # (C, G, D) top-N context vectors
-            dist = distances_to(a, xc, x2c, s)
-            d_out = (dist * outside).sum(-1)
+        for ch in top_chunks(w[p], xp, xn2, nt, C):
+            t0, t1, Lc, a, visible, xc, x2c, n = ch.t0, ch.t1, ch.t1, ch.a, ch.visible, ch.x, ch.xn2, ch.n
+            order, outside, s, k = ch.order, ch.outside, ch.s, ch.order.shape[-1]
+            d_out = (ch.dist * outside).sum(-1)
             total = a @ xc  # full context vector (C, D)
             n_f = n.to(dt)[:, None]
             n_out = n_f - nt_f[None, :]
             # sum_{i not in I_N} (alpha_i x_i - s) = (total - s) - (n - N) s
             d_in = (total[:, None, :] - s - n_out[..., None] * s).norm(dim=-1)
-            A = aw.sum(-1)
+            A = ch.aw.sum(-1)
             valid = n[:, None] >= nt[None, :]
             expectation = _expectation(a, xc, x2c, total, visible, n_f, nt_f, n_out)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -113,3 +114,42 @@ def distances_to(a: torch.Tensor, x: torch.Tensor, xn2: torch.Tensor, s: torch.T
     sq = (s @ x.T).mul_((-2 * a).reshape(shape))
     sq.add_(((a * a) * xn2).reshape(shape)).add_((s * s).sum(-1, keepdim=True))
     return sq.clamp_min_(0).sqrt_()
+
+
+@dataclass(frozen=True)
+class TopChunk:
+    """Query rows t0..t1-1 of one head against keys 0..t1-1 (the keys after the chunk's last row are invisible to
+    all its rows), split into each row's top-N set for every N of the grid at once."""
+
+    t0: int
+    t1: int
+    x: torch.Tensor  # (Lc, D) keys 0..t1-1
+    xn2: torch.Tensor  # (Lc,) their squared norms
+    n: torch.Tensor  # (C,) visible count of each row
+    visible: torch.Tensor  # (C, Lc)
+    a: torch.Tensor  # (C, Lc) weights, zero where invisible
+    order: torch.Tensor  # (C, k) top keys in rank order, k = min(max N, Lc)
+    member: torch.Tensor  # (C, G, Lc) key i is in I_N
+    outside: torch.Tensor  # (C, G, Lc) key i is visible and not in I_N
+    aw: torch.Tensor  # (C, G, Lc) weights of the top-N keys only
+    s: torch.Tensor  # (C, G, D) top-N context vectors
+    dist: torch.Tensor  # (C, G, Lc) |alpha_i x_i - s_N|
+
+
+def top_chunks(w: torch.Tensor, x: torch.Tensor, xn2: torch.Tensor, nt: torch.Tensor, chunk: int):
+    """The `TopChunk`s of one head's rows w (L, L) with vectors x (L, D), squared norms xn2 (L,), grid nt (G,)."""
+    L = w.shape[0]
+    pos = torch.arange(L, device=w.device)
+    k_max = int(nt.max())
+    for t0 in range(0, L, chunk):
+        t1 = min(L, t0 + chunk)
+        xc, x2c = x[:t1], xn2[:t1]
+        n = pos[t0:t1] + 1
+        visible = pos[None, :t1] < n[:, None]
+        a = w[t0:t1, :t1].masked_fill(~visible, 0.0)
+        order, rank = top_ranks(a, visible, min(k_max, t1))
+        member = rank[:, None, :] < nt[None, :, None]
+        aw = a[:, None, :] * member
+        s = aw @ xc
+        yield TopChunk(t0, t1, xc, x2c, n, visible, a, order, member, ~member & visible[:, None, :], aw, s,
+                       distances_to(a, xc, x2c, s))

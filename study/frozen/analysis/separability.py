@@ -27,7 +27,7 @@ from .registration import (
     stack_layers,
     window_prefix_means,
 )
-from .rows import DEFAULT_BUDGET, distances_to, row_chunk, rows_and_grid, top_ranks
+from .rows import DEFAULT_BUDGET, row_chunk, rows_and_grid, top_chunks
 
 
 def sphere_radius(x: torch.Tensor) -> torch.Tensor:
@@ -69,19 +69,9 @@ def separability_stats(weights: torch.Tensor, x: torch.Tensor, ns: Sequence[int]
         pair = torch.cdist(xp, xp, compute_mode="donot_use_mm_for_euclid_dist")
         pair = pair.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=dev).triu(1), math.inf)
         delta_rows = torch.cummin(pair.amin(dim=0), dim=0).values  # (L,), inf for t = 0
-        for t0 in range(0, L, C):
-            t1 = min(L, t0 + C)
-            Lc = t1  # columns after the chunk's last row are invisible to all its rows
-            xc, x2c = xp[:Lc], xn2[:Lc]
-            n = pos[t0:t1] + 1
-            visible = pos[None, :Lc] < n[:, None]
-            a = w[p, t0:t1, :Lc].masked_fill(~visible, 0.0)
-            _, rank = top_ranks(a, visible, min(max(ns), Lc))
-            member = rank[:, None, :] < nt[None, :, None]
-            aw = a[:, None, :] * member
-            s = aw @ xc
-            dist = distances_to(a, xc, x2c, s)  # (C, G, Lc)
-            outside = visible[:, None, :] & ~member
+        for ch in top_chunks(w[p], xp, xn2, nt, C):
+            t0, t1, a, member, aw, dist, n = ch.t0, ch.t1, ch.a, ch.member, ch.aw, ch.dist, ch.n
+            outside = ch.outside
             r = dist.masked_fill(~outside, math.inf).amin(-1)  # (C, G)
             n_s = ((dist < r[..., None]) & member).sum(-1).to(dt)
             ratio = n_s / nt[None, :].to(dt)

@@ -47,6 +47,7 @@ STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "n
 HPARAMS_METRICS = {
     tags.VAL_LOSS: "val loss",
     tags.LOG10[tags.VAL_PPL]: "log10 val perplexity",
+    tags.GUARD_DIVERGED: "diverged (1: stopped by the guard)",
     tags.val(tags.attention("normalized_entropy")): "val H / log n (layer mean)",
     tags.LOG10[tags.GRAD_Q]: "log10 W_q grad norm (last logged step)",
     tags.LOG10[tags.val(tags.jacobian("mean"))]: "log10 val attention Jacobian (mean)",
@@ -57,7 +58,7 @@ HPARAMS_METRICS = {
     tags.VAL_PPL: "val perplexity",
 }
 """The metrics HParams compares runs by (their columns), with the names the columns show; TensorBoard ticks the
-first five, so one attention and one gradient column are among them. Quantities that span decades across T are
+first five, so whether the run diverged, one attention and one gradient column are among them. Quantities that span decades across T are
 shown as their log10 copies (`tags.LOG10`): HParams' parallel-coordinates axes are linear, and a diverged run's
 perplexity of 1e9 put every other run on 0."""
 
@@ -79,6 +80,10 @@ def _summary(tag: str, **plugin_data: Any) -> Summary:
 def _kind(values: Sequence[Scalar]) -> int:
     if all(isinstance(v, bool) for v in values):
         return api_pb2.DATA_TYPE_BOOL
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        # HParams has no integer type and shows every number as "0.0000": a seed or a top-k reads as what it is
+        # only as text ("0", "16"); `hparam_info` still orders such text by its number.
+        return api_pb2.DATA_TYPE_STRING
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return api_pb2.DATA_TYPE_FLOAT64
     return api_pb2.DATA_TYPE_STRING
@@ -147,14 +152,18 @@ def write_session(
     ``group`` puts runs that differ only by seed in one HParams group.
     """
     writer = _writer(logger)
+    # Each value is written with the type its experiment declared (a temperature of 1 among 0.1 and 0.3 is a
+    # number, not the text "1"), else HParams would not match the session to its column's domain.
+    declared = {name: [value] for name, value in params.items()}
     if experiment is True:
-        one_run = {name: [value] for name, value in params.items()}
-        writer.add_summary(experiment_summary(one_run, metrics, differs=[a for a in STUDY_AXES if a in params]))
+        writer.add_summary(experiment_summary(declared, metrics, differs=[a for a in STUDY_AXES if a in params]))
     elif experiment and Path(experiment).is_file():
-        writer.add_summary(read_experiment(Path(experiment)))
+        declaration = json.loads(Path(experiment).read_text())
+        declared.update(declaration["hparams"])
+        writer.add_summary(_experiment_from(declaration))
     start = plugin_data_pb2.SessionStartInfo(group_name=group, start_time_secs=time.time())
     for name, value in params.items():
-        kind = _kind([value])
+        kind = _kind(declared[name]) if value in declared.get(name, []) else _kind([value])
         if kind == api_pb2.DATA_TYPE_BOOL:
             start.hparams[name].bool_value = bool(value)
         elif kind == api_pb2.DATA_TYPE_FLOAT64:
@@ -191,7 +200,10 @@ def write_experiment(
 
 def read_experiment(path: Path) -> Summary:
     """The experiment declaration `write_experiment` wrote to ``path``."""
-    declaration = json.loads(Path(path).read_text())
+    return _experiment_from(json.loads(Path(path).read_text()))
+
+
+def _experiment_from(declaration: dict[str, Any]) -> Summary:
     return experiment_summary(declaration["hparams"], declaration["metrics"], declaration.get("description", ""))
 
 

@@ -226,6 +226,7 @@ def leading_copies(metrics: dict[str, float]) -> dict[str, float]:
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------
 GUARD_SKIPPED = "guard/skipped_steps"
 GUARD_GRAD_NORM = "guard/grad_norm_preclip"
+GUARD_DIVERGED = "guard/diverged"  # 1 when the guard stopped the run, else 0: once, at the run's end
 
 
 # ---- NormalizerParameterMonitor ---------------------------------------------------------------------------------

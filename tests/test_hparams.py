@@ -72,3 +72,29 @@ def test_written_experiment_and_session(tmp_path):
     start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
     assert start.hparams["attention/temperature"].number_value == 0.1 and start.group_name == "T0.1"
     assert acc.Tags()["scalars"] == []  # no made-up metric points
+
+
+def test_integers_are_shown_as_integers_and_sessions_follow_the_declared_type(tmp_path):
+    """HParams shows every number as "0.0000": a seed or a top-k of integers is declared as text ("0", "16"), in
+    numeric order; a session writes each value with its column's declared type (a temperature of 1 among 0.1 is a
+    number, not the text "1"), else HParams cannot place it in the column."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    hparams = {"attention/temperature": [0.1, 1], "seed": [10, 2, 0], "attention/top_k": [16, 4], "lr": [3e-4]}
+    experiment = _experiment(experiment_summary(hparams, ["val/loss"]))
+    infos = {i.name: i for i in experiment.hparam_infos}
+    assert infos["seed"].type == api_pb2.DATA_TYPE_STRING
+    assert [v.string_value for v in infos["seed"].domain_discrete.values] == ["0", "2", "10"]
+    assert [v.string_value for v in infos["attention/top_k"].domain_discrete.values] == ["4", "16"]
+    assert infos["attention/temperature"].type == api_pb2.DATA_TYPE_FLOAT64 and infos["lr"].type == api_pb2.DATA_TYPE_FLOAT64
+
+    declared = write_experiment(tmp_path, hparams, ["val/loss"])
+    writer = SummaryWriter(str(tmp_path / "run"))
+    write_session(writer, {"attention/temperature": 1, "seed": 2, "attention/top_k": 16, "lr": 3e-4}, ["val/loss"],
+                  experiment=declared)  # fmt: skip
+    writer.close()
+    content = EventAccumulator(str(tmp_path / "run")).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["attention/temperature"].number_value == 1.0
+    assert start.hparams["seed"].string_value == "2" and start.hparams["attention/top_k"].string_value == "16"
+    assert start.hparams["lr"].number_value == 3e-4

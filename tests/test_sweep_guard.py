@@ -64,6 +64,8 @@ def test_guard_stop_keeps_last_good_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values())
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert any("NonFiniteGuard" in k for k in state["callbacks"])
+    # One "diverged" value, 1, at the step of the event: the HParams column (its last value).
+    assert read_scalars(tmp_path / "run")["guard/diverged"] == [(3, 1.0)]
 
 
 def test_guard_skip_counts_and_logs(tmp_path):
@@ -73,6 +75,7 @@ def test_guard_skip_counts_and_logs(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     skipped = read_scalars(tmp_path / "run")["guard/skipped_steps"]
     assert [v for _, v in skipped] == [1.0, 2.0, 3.0]
+    assert read_scalars(tmp_path / "run")["guard/diverged"] == [(6, 0.0)]  # skipped steps are not a divergence
 
 
 def test_diverged_run_in_a_sweep(tmp_path):

@@ -40,6 +40,7 @@ from study.metrics import total_grad_norm
 ACTIONS = ("stop", "skip")
 SKIPPED_TAG = tags.GUARD_SKIPPED
 GRAD_NORM_TAG = tags.GUARD_GRAD_NORM
+DIVERGED_TAG = tags.GUARD_DIVERGED
 
 
 class NonFiniteGuard(L.Callback):
@@ -132,6 +133,14 @@ class NonFiniteGuard(L.Callback):
             f"NonFiniteGuard: training stopped, {reason} at step {step}. The step was not applied; the last "
             "checkpoint holds the last finite weights."
         )
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # One value per run, at the step it stopped on: HParams shows a tag's last value, so this is its "diverged"
+        # column (0 or 1) beside the metrics, and a diverged run's huge perplexity reads as what it is.
+        step = self.diverged["step"] if self.diverged else trainer.global_step
+        for logger in trainer.loggers:
+            logger.log_metrics({DIVERGED_TAG: float(self.diverged is not None)}, step=step)
 
     # ---- checkpointed state -----------------------------------------------------------------------------------
     @override

@@ -94,6 +94,11 @@ def attention_map(layer: int, head: int) -> str:
     return f"attention_map/layer_{layer}/head_{head}"
 
 
+def attention_map_before_after(layer: int, head: int) -> str:
+    """One image with the map before training (step 0) beside the map now, on one colour scale."""
+    return f"attention_map_before_after/layer_{layer}/head_{head}"
+
+
 # the attention logits (AttentionLogitMonitor): attention(statistic, layer[, head]) and attention_spread
 LOGIT_STATISTICS = ("max_logit", "max_logit_raw", "logit_mean", "logit_std")
 MAX_LOGIT = attention_spread("max_logit", "max")  # the largest scaled logit over the logged layers (MaxLogit)

@@ -162,9 +162,11 @@ def test_attention_map_and_layout(tmp_path):
     finally:
         maps_module.draw_attention_map = original
     acc = events(tmp_path)
-    assert acc.Tags()["images"] == ["attention_map/layer_1/head_0"]
+    assert sorted(acc.Tags()["images"]) == ["attention_map/layer_1/head_0", "attention_map_before_after/layer_1/head_0"]
     # before any update (step 0) and at the end; every_n_steps = 500 would otherwise allow only one
     assert [image.step for image in acc.Images("attention_map/layer_1/head_0")] == [0, 2]
+    # and both in one image, once there is an "after"
+    assert [image.step for image in acc.Images("attention_map_before_after/layer_1/head_0")] == [2]
     image = acc.Images("attention_map/layer_1/head_0")[0]
     assert image.width > 200 and image.height > 200  # a rendered figure, not a 16 x 16 grey map
     expected = np.tril(1.0 / np.arange(1, L_SEQ + 1)[:, None] * np.ones((1, L_SEQ)))
@@ -177,6 +179,25 @@ def test_attention_map_and_layout(tmp_path):
     # The custom-scalars layout is in the same event file.
     assert "custom_scalars__config__" in acc.Tags()["tensors"]
     assert any("Jacobian" in chart for chart in custom_scalars_layout()["gradients"])
+
+
+def test_maps_side_by_side_share_one_colour_scale():
+    """Before and after in one figure: each panel holds its own weights, both on one colour scale (the larger
+    maximum), one colour bar, and a title large enough to read."""
+    from study.callbacks.maps import draw_attention_maps
+
+    before = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
+    after = torch.eye(4) * 0.5
+    fig = draw_attention_maps([(before, "step 0"), (after, "step 9")], title="layer 0, head 1: before and after")
+    left, right, colorbar_ax = fig.axes
+    np.testing.assert_allclose(left.images[0].get_array(), before.numpy())
+    np.testing.assert_allclose(right.images[0].get_array(), after.numpy())
+    assert left.images[0].norm is right.images[0].norm and right.images[0].norm.vmax == pytest.approx(1.0)
+    assert (left.get_title(), right.get_title()) == ("step 0", "step 9")
+    assert fig.get_suptitle() == "layer 0, head 1: before and after" and fig._suptitle.get_fontsize() >= 12
+    assert colorbar_ax.get_ylabel() == "weight"
+    with pytest.raises(ValueError, match="at least one"):
+        draw_attention_maps([])
 
 
 def test_attention_map_log_scale():

@@ -54,8 +54,40 @@ def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=11)  # TensorBoard shows the image at its size: 11 pt is readable, 9 was not
     fig.tight_layout()
+    return fig
+
+
+def draw_attention_maps(
+    panels: Sequence[tuple[Tensor, str]], title: str = "", log_scale: bool = False, floor: float = 1e-4
+):
+    """One figure with several (Lq, Lk) attention maps side by side (e.g. before and after training), each with
+    its own caption and all on ONE colour scale (one colour bar), so that the same colour is the same weight."""
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.figure import Figure
+
+    if not panels:
+        raise ValueError("draw_attention_maps needs at least one map")
+    data = []
+    for weights, _ in panels:
+        if weights.dim() != 2:
+            raise ValueError(f"an attention map is (queries, keys); got shape {tuple(weights.shape)}")
+        data.append(weights.detach().float().cpu().numpy())
+    vmax = max(max(float(d.max()) for d in data), 1e-12)
+    norm = LogNorm(vmin=floor, vmax=1.0) if log_scale else Normalize(vmin=0.0, vmax=vmax)
+    size = 3.2 + 2.0 * min(max(data[0].shape), 128) / 128
+    fig = Figure(figsize=(size * len(panels) + 0.9, size + 0.5), dpi=90, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, values, (_, caption) in zip(axes, data, panels):
+        image = ax.imshow(values.clip(min=floor) if log_scale else values, cmap="viridis", norm=norm)
+        image.set_interpolation("nearest")
+        ax.set_title(caption, fontsize=11)
+        ax.set_xlabel("key position")
+    axes[0].set_ylabel("query position")
+    fig.colorbar(image, ax=list(axes), fraction=0.046, pad=0.04, label="weight (log scale)" if log_scale else "weight")
+    if title:
+        fig.suptitle(title, fontsize=13)
     return fig
 
 
@@ -71,7 +103,9 @@ class AttentionMapMonitor(TapWindow):
     everything else keeps the fast path.
 
     Tags: ``attention_map/layer_{l}/head_{h}`` (TensorBoard images: viridis colour map with a colour bar, query
-    positions down, key positions across, title with the layer, head, temperature and step).
+    positions down, key positions across, title with the layer, head, temperature and step), and
+    ``attention_map_before_after/layer_{l}/head_{h}``: the first map drawn beside the current one, on one colour
+    scale (from the second set of images on; not after a resume).
 
     Args:
         every_n_steps: minimum optimizer steps between two sets of images.
@@ -110,6 +144,9 @@ class AttentionMapMonitor(TapWindow):
         self.val_logs = 0
         self.last_logged_step = -1
         self._maps: dict[int, dict[int, tuple[Tensor, float]]] = {}
+        # The first maps drawn (step 0, before any update), kept to draw beside each later set; not checkpointed,
+        # so a resumed run draws no before/after images.
+        self._first: dict[tuple[int, int], tuple[Tensor, int]] = {}
 
     # ----- the tap -----------------------------------------------------------------------------------------
 
@@ -210,6 +247,15 @@ class AttentionMapMonitor(TapWindow):
                 fig = draw_attention_map(weights, title=title, log_scale=self.log_scale)  # drawn once for all writers
                 for writer in writers:
                     writer.add_figure(tags.attention_map(layer, head), fig, step, close=False)
+                before = self._first.setdefault((layer, head), (weights, step))
+                if before[1] != step:
+                    pair = draw_attention_maps(
+                        [(before[0], f"step {before[1]}"), (weights, f"step {step}")],
+                        title=f"layer {layer}, head {head}, T = {temperature:g}: before and after training",
+                        log_scale=self.log_scale,
+                    )
+                    for writer in writers:
+                        writer.add_figure(tags.attention_map_before_after(layer, head), pair, step, close=False)
         self.val_logs += 1
         self.last_logged_step = step
 
@@ -223,4 +269,4 @@ class AttentionMapMonitor(TapWindow):
         self.last_logged_step = state_dict.get("last_logged_step", -1)
 
 
-__all__ = ["AttentionMapMonitor", "draw_attention_map"]
+__all__ = ["AttentionMapMonitor", "draw_attention_map", "draw_attention_maps"]

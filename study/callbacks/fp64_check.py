@@ -24,9 +24,12 @@ def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: tor
     The model itself is converted to ``dtype`` and back, not copied: a float32 -> float64 -> float32 round trip is
     exact, and a copy in float64 would hold the model three times over at once (a resident-memory budget counts
     that). Its gradients, training mode and weights are as they were afterwards; a model that is not all float32
-    is copied instead (its round trip would not be exact)."""
+    (its round trip would not be exact) or that trains under DDP is copied instead."""
     floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-    in_place = all(t.dtype == torch.float32 for t in floating)
+    # Under DDP the parameters carry the reducer's gradient hooks: a backward through them on one rank would start
+    # an all-reduce the other ranks never join, so there the check runs on a copy.
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    in_place = all(t.dtype == torch.float32 for t in floating) and not distributed
     target = model if in_place else copy.deepcopy(model)
     saved_grads = [p.grad for p in target.parameters()]
     was_training = target.training

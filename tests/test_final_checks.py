@@ -42,3 +42,8 @@ def test_render_names_every_step_its_time_counts_memory_and_load():
     assert "- `make demo` (the main job): 18 min 29 s wall; largest process 3.00 GiB resident [load 0.1 -> 2.0]" in text
     assert "1 min 1 s wall, 860 passed, 1 failed, exit code 1; largest process 1.00 GiB" in text
     json.dumps(record)
+
+
+def test_readme_block_is_the_recorded_checks():
+    """The README's times, memory and test counts are docs/results/checks.json's, as the script writes them."""
+    assert final_checks.rewrite_readme(json.loads(final_checks.RECORD.read_text()), check=True) == 0

@@ -24,9 +24,10 @@ else
 fi
 DDP=(--trainer.accelerator="$ACCELERATOR" --trainer.devices="$TASKS" --trainer.strategy=ddp)
 # the plan (its size and folder) without running anything, with the arguments the runs get
-LAST=$($STUDY sweep --config "$CONFIG" --dry-run "${DDP[@]}" "$@" | tail -1)  # "<N> runs; plan written to <dir>/plan.json"
+LAST=$($STUDY sweep --config "$CONFIG" --dry-run "${DDP[@]}" "$@" | tail -1)  # "<N> runs; nothing written (a sweep writes its plan to <dir>/plan.json)"
 N=$(awk '{print $1}' <<< "$LAST")
-SWEEP_DIR=$(dirname "${LAST#*plan written to }")
+PLAN="${LAST#*writes its plan to }"
+SWEEP_DIR=$(dirname "${PLAN%)}")
 # srun starts one task per process; Lightning reads SLURM_* and sets up DDP (trainer.devices must equal TASKS).
 # --wrap takes a shell string: every path and argument goes in quoted (%q), so spaces or `;` in them stay data.
 # STUDY stays unquoted on purpose: it is a command line ("uv run study").

@@ -91,7 +91,7 @@ def test_slurm_script_quotes_paths_in_its_wrapped_commands(tmp_path):
     """`--wrap` is a shell string: a sweep path with a space and a `;` used to split into two commands."""
     folder = tmp_path / "my sweeps; touch pwned"
     folder.mkdir()
-    spec = write_spec(folder, {"temperature": [1.0]})
+    spec = write_spec(folder, {"temperature": [1.0]}, {"trainer.val_check_interval": 2})
     calls = tmp_path / "calls"
     calls.mkdir()
     sbatch = tmp_path / "sbatch"  # records each call's arguments NUL-separated, answers job ids 101, 102, ...

@@ -98,7 +98,10 @@ def test_hparams_lists_swept_settings_first(tensorboard):
     top_k = next(info for info in experiment["hparamInfos"] if info["name"] == "attention/top_k")
     assert top_k["domainDiscrete"] == ["2", "all"]
     columns = {m["name"]["tag"]: m.get("displayName") for m in experiment["metricInfos"]}
-    assert columns["val/attention/entropy/mean"] and columns["val/attention/jacobian/mean"] and columns["grad_norm/attn_q"]
+    from study import tags
+
+    assert all(columns[tag] for tag in (tags.val(tags.attention("entropy")), tags.LOG10[tags.val(tags.jacobian("mean"))],
+                                        tags.LOG10[tags.GRAD_Q], tags.GUARD_DIVERGED))
     # every run's session row, with its top-k label
     sessions = _get(f"{base}/data/plugin/hparams/session_groups", data=json.dumps(
         {"experimentName": "", "allowedStatuses": ["STATUS_SUCCESS", "STATUS_UNKNOWN"], "colParams": [],

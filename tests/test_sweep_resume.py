@@ -118,9 +118,7 @@ def test_a_run_killed_after_its_final_checkpoint_starts_over(tmp_path):
         ({"class_path": "tests.faults.KillAtStep", "init_args": {"step": 6}}, 6, 6),  # SIGKILL at step 6's start
         # the checkpoint of step 4 is written before the validation that follows step 3, which a resumed attempt
         # does not run again: its logs (the monitors' at step 4) are kept, the purge starts at step 5
-        pytest.param({"class_path": "tests.faults.KillAtStep", "init_args": {"step": 6}}, 4, 4, marks=pytest.mark.xfail(
-            strict=True, reason="known regression of this stop, open in issue 32/33: since validation logs at the "
-            "monitors' step, a run killed right after the validation of step 4 starts over instead of resuming")),
+        ({"class_path": "tests.faults.KillAtStep", "init_args": {"step": 6}}, 4, 4),
         # killed inside that validation: its logs are lost, and a resumed attempt would never write them: the run
         # starts over
         ({"class_path": "tests.faults.KillAtValidation", "init_args": {"step": 4}}, 4, None),

@@ -211,7 +211,9 @@ def _validates_after(run: Run, step: int) -> bool:
 
 
 def _validated_at(run: Run, step: int, logged: dict) -> bool:
-    return any(s == step - 1 for s, _ in logged.get(_tag(run, tags.VAL_LOSS), []))
+    """Whether the validation of the weights after ``step`` optimizer steps is logged: every validation tag is
+    logged at `global_step`, the optimizer steps the validated weights have had (study.model)."""
+    return any(s == step for s, _ in logged.get(_tag(run, tags.VAL_LOSS), []))
 
 
 def _logs_lost_before(run: Run, step: int, logged: dict) -> str | None:

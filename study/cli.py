@@ -72,6 +72,22 @@ def usage() -> str:
 VERBS_WITH_VERBOSE = ("sweep",)
 
 
+def close_process_group() -> None:
+    """Destroy the default process group that a DDP run (Lightning's launcher or torchrun) left open.
+
+    Lightning does not destroy it at the end of `fit`; left to interpreter finalisation, Gloo's worker threads can
+    still hold work objects, and the process dies of SIGABRT ("terminate called without an active exception") after
+    its work is done, which torchrun reports as a failed job (pytorch/pytorch#190489). Called after a verb returns
+    only: on an exception the other ranks may be inside a collective, and destroying could deadlock (as torchtitan).
+    """
+    if "torch" not in sys.modules:  # a verb that never imported torch (`--help`) has no process group
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     """`study <verb> ...`. A bad input or a failed run ends in one line on stderr; `--verbose` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -88,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(VERBS.get(verb, "study.fit"))
         # `study --print_config ...`, `study --config ...`: no verb is `fit`, as LightningCLI takes it.
-        return module.main(argv if verb in LIGHTNING_VERBS or verb not in VERBS else argv[1:])
+        code = module.main(argv if verb in LIGHTNING_VERBS or verb not in VERBS else argv[1:])
+        close_process_group()
+        return code
     except Exception as err:
         if verbose:
             raise

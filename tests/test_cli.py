@@ -138,3 +138,26 @@ def test_configs_log_apart_from_the_sweeps():
     for config in sorted((ROOT / "configs").glob("*.yaml")):
         logger = yaml.safe_load(config.read_text())["trainer"]["logger"]["init_args"]
         assert logger["save_dir"] == "logs/fit" and logger["name"] == config.stem, config.name
+
+
+def test_a_verb_that_returns_destroys_the_process_group_it_left_open(tmp_path, monkeypatch):
+    """Lightning leaves the default process group open after `fit`; left to interpreter finalisation, Gloo's threads
+    can abort the process after its work is done (issue 32: a torchrun job marked failed). `study.cli.main` closes
+    it when a verb returns."""
+    import torch.distributed as dist
+
+    from study import cli
+
+    class Verb:
+        @staticmethod
+        def main(argv):
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+            return 0
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: Verb)
+    try:
+        assert cli.main(["report", "x"]) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

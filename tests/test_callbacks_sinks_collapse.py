@@ -201,3 +201,25 @@ def test_events_reach_the_status_and_the_report():
     assert [line for line in section if line.startswith("- ")] == [
         "- T0.01_s0: layer 3 at step 7, H/log n 0.01 (step 0: 0.6; fell by 4x and by 0.1)"]
     assert collapse_section(runs[1:]) == []
+
+
+def test_a_run_the_alert_stopped_is_a_collapsed_result_not_a_divergence():
+    """`action: stop` ends a run whose loss is finite: it is recorded "collapsed" (a result the sweep never reruns,
+    the report counts), not "diverged", and the instability claim (which counts diverged runs, spikes and skipped
+    steps) does not count it."""
+    from types import SimpleNamespace
+
+    from study.report.build import split_results
+    from study.report.summary import Summary
+    from study.sweep.run import FINAL_STATES, _outcome
+
+    alert = EntropyCollapseAlert(action="stop")
+    alert.events = [{"layer": 0, "step": 5, "value": 0.02, "reference": 0.7, "rule": "fell by 4x and by 0.1"}]
+    trainer = SimpleNamespace(callback_metrics={"train/loss": 3.0}, global_step=5, interrupted=False,
+                              callbacks=[alert], max_steps=20, limit_train_batches=1.0)  # fmt: skip
+    run = SimpleNamespace(index=0)
+    out = _outcome(SimpleNamespace(trainer=trainer), None, False, run)
+    assert out["state"] == "collapsed" and out["reason"].startswith("attention entropy collapse in layer 0 at step 5")
+    assert "collapsed" in FINAL_STATES
+    summary = Summary("T0.1_s0", 0.1, None, state=out["state"])
+    assert split_results([summary]) == ([summary], []) and not summary.diverged and not summary.unstable

@@ -46,7 +46,7 @@ class EntropyCollapseAlert(TapMonitor):
     value and reference), a TensorBoard text entry ``alerts/entropy_collapse`` per step with events, the scalar
     ``alerts/entropy_collapse_layers`` (how many layers have collapsed so far, at every measured step: 0 until
     one does) and, with ``action="stop"``, the end of the fit after that step (`study sweep` records the run as
-    diverged with the event as its reason). Under DDP every rank sees the same reduced values and stops together.
+    "collapsed", a result of its own, with the event as its reason). Under DDP every rank sees the same reduced values and stops together.
 
     Args:
         every_n_steps: measure every this many optimizer steps (step 0 included: the reference).

@@ -21,7 +21,7 @@ from study.report.frozen import frozen_findings, load_analysis
 from study.report.lrcurves import lr_section
 from study.report.probe import draw_layers
 from study.report.probe_section import section as probe_section
-from study.report.read import load_sweep, read_optional_json
+from study.report.read import RESULT_STATES, load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import (
     CONFIDENCE,
@@ -49,10 +49,6 @@ def load_probe(sweep_dir: Path) -> dict | None:
 
 
 PAPER_AXES = ("temperature", "top_k", "normalizer", "seed")  # what the findings group and pool runs by
-# Runs whose outcome is a result: trained to the end, or stopped by the non-finite guard (an instability is a
-# result). A run still running, killed, failed, missing or unreadable holds a partial log: it is listed apart and
-# never counts as a replicate.
-RESULT_STATES = ("finished", "diverged")
 
 
 def split_results(summaries: list[Summary]) -> tuple[list[Summary], list[Summary]]:

@@ -24,6 +24,11 @@ from study import tags
 
 EVENT_FILES = "events.out.tfevents.*"
 DAMAGED = "damaged"
+# A run's recorded states whose outcome is a result: trained to the end ("finished"), stopped by the non-finite
+# guard ("diverged": an instability is a result) or by an entropy-collapse alert with `action: stop` ("collapsed").
+# A run still running, killed, failed, missing or unreadable holds a partial log: it is listed apart and never
+# counts as a replicate; a sweep never reruns a run in one of these states.
+RESULT_STATES = ("finished", "diverged", "collapsed")
 
 
 def dotted_get(tree: Any, key: str, default: Any = None) -> Any:
@@ -165,7 +170,7 @@ def load_sweep(
         scalars = read_scalars(run_dir) if run_dir.is_dir() else {}
         params = entry.get("params") or status.get("params") or {}
         resolved = entry.get("resolved", {})
-        if status.get("state") in ("finished", "diverged") and (damage := event_damage(run_dir, status, scalars)):
+        if status.get("state") in RESULT_STATES and (damage := event_damage(run_dir, status, scalars)):
             found.append(f"{run_dir}: {DAMAGED}: not counted ({damage})")
             status = {**status, "state": DAMAGED, "recorded_state": status["state"],
                       "reason": f"{DAMAGED}: not counted ({damage})"}

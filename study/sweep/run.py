@@ -22,12 +22,12 @@ from typing import Any
 from study import tags
 from study.checkpoints import checkpoint_step
 from study.errors import one_line
-from study.report.read import dotted_get, read_json, read_scalars
+from study.report.read import RESULT_STATES, dotted_get, read_json, read_scalars
 from study.sweep.lock import RunBusy, RunLock
 from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
-FINAL_STATES = ("finished", "diverged")  # never rerun; "failed" and "running" (interrupted) are resumed
+FINAL_STATES = RESULT_STATES  # never rerun; "failed" and "running" (interrupted) are resumed
 
 
 # ---- status files ---------------------------------------------------------------------------------------------
@@ -314,7 +314,9 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
     if cli.trainer.interrupted:
         return {**out, "state": "failed", "reason": "interrupted (KeyboardInterrupt or a signal)"}
     if stopped := _collapse_events(cli, out):
-        return {**out, "state": "diverged", "reason": stopped}
+        # its own state: the loss did not diverge (claim 6 counts losses), the attention collapsed and the user's
+        # alert ended the run; a result all the same, listed with its reason
+        return {**out, "state": "collapsed", "reason": stopped}
     if untrained := trained_nothing(cli.trainer):  # Lightning ends a fit with no step quietly: not a result
         return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():

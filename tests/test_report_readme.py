@@ -100,3 +100,27 @@ def test_the_fuller_studys_page_is_its_committed_results():
     assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (
         "docs/results/smollm2-full.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
     assert begin_marker("docs/results/smollm2-full.json") in page.read_text()  # not main.json's marker
+
+
+def test_a_learning_rate_sweeps_page_leads_with_its_own_findings(tmp_path):
+    """A report.json with `lr_curves` (the from-scratch sweep) renders its design checks, findings and sensitivity
+    table before the scorecard, from the JSON alone: the results page and the report show the same tables."""
+    from study.report.lrcurves import SENSITIVITY_COLUMNS, lr_tables
+
+    data = json.loads(results(tmp_path).read_text())
+    data["lr_curves"] = {
+        "family": {"size": 6, "level": 1 - 0.05 / 6},
+        "design_checks": [{"statement": "basin: the best LR at T = 1 lies inside the grid", "passed": True,
+                           "detail": "best mean final loss 4.2 at lr 0.01"}],
+        "findings": [{"key": "1", "claim": "LR sensitivity rises as T falls", "statistic": "slope", "value": "-0.3 [-0.5, -0.1]",
+                      "verdict": "supported", "rule": "supported if the interval < 0"}],
+        "sensitivity": [["softmax", "1", "0.41 [0.3, 0.5]", "0.1, 0.3", "3 of 8", "0 of 8"]],
+    }  # fmt: skip
+    block = render(data, "docs/results/scratch.json")
+    lines = block.split("\n")
+    lr_at, card_at = lines.index("#### Learning-rate curves (from scratch)"), lines.index("#### The paper's claims on the same runs")
+    assert lr_at < card_at and "\n".join(lr_tables(data["lr_curves"])) in block
+    assert "| 1 | LR sensitivity rises as T falls | slope | -0.3 [-0.5, -0.1] | supported |" in block
+    assert "| " + " | ".join(SENSITIVITY_COLUMNS) + " |" in block and "| softmax | 1 | 0.41 [0.3, 0.5] |" in block
+    assert "| basin: the best LR at T = 1 lies inside the grid | yes |" in block
+    assert "each at 99.17%" in block

@@ -52,7 +52,8 @@ def test_quick_runs_end_to_end_with_the_learning_rate_section(tmp_path):
     report = tmp_path / "scratch-quick" / "report"
     text = (report / "report.md").read_text()
     assert "## Learning-rate curves (from scratch)" in text
-    assert "### LR sensitivity and the largest stable LR per T" in text
+    assert "LR sensitivity and the largest stable LR per T" in text
+    assert "not logged" not in text  # the spec's monitors give findings 3a (max logit) and 3b (collapse) their data
     assert (report / "lr_curves.png").stat().st_size > 1000
     data = json.loads((report / "report.json").read_text())["lr_curves"]
     assert data["grid"] == [0.001, 0.03, 1.0] and data["temperatures"] == [0.1, 1.0]

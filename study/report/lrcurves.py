@@ -572,6 +572,34 @@ def draw_max_logit(curves: Curves, out: Path) -> str | None:
     return "Max attention logit against step: the highest stable (solid) and lowest unstable (dashed) LR per T"
 
 
+SENSITIVITY_COLUMNS = ["arm", "T", "LR sensitivity", "largest stable LR per seed", "runs diverged", "runs collapsed"]
+
+
+def lr_tables(data: dict) -> list[str]:
+    """The section's tables (design checks, the findings, the sensitivity per arm and T) as markdown lines, from the
+    section's JSON (`report.json`'s `lr_curves`): the report and a results page (study.report.readme) render them
+    from the same data."""
+    family = Family(int(data["family"]["size"]))
+    return [
+        "Definitions and rules: docs/findings.md, \"Training at a temperature from scratch\". Diverged: non-finite, "
+        "or a final held-out loss above the loss at init; LR sensitivity: mean over the grid of min(loss, loss at "
+        "init) minus the best; the seed is the unit.",
+        "",
+        table(["design check", "passed", "measured"],
+              [[c["statement"], "yes" if c["passed"] else "NO", c["detail"]] for c in data["design_checks"]]),
+        "",
+        f"{family.describe()}.",
+        "",
+        table(["#", "claim", "statistic", f"value [{percent(family.level)} CI]", "verdict", "rule"],
+              [[f["key"], f["claim"], f["statistic"], f["value"], f["verdict"], f["rule"]] for f in data["findings"]]),
+        "",
+        "LR sensitivity and the largest stable LR per T (95% t-intervals over seeds):",
+        "",
+        table(SENSITIVITY_COLUMNS, data["sensitivity"]),
+        "",
+    ]  # fmt: skip
+
+
 @dataclass
 class LRSection:
     markdown: str
@@ -591,26 +619,18 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None) -> LRSecti
             caption = draw(curves, out)
             if caption:
                 figures[name] = caption
-    parts = [
-        "## Learning-rate curves (from scratch)",
-        "",
-        "Definitions and rules: docs/findings.md, \"Training at a temperature from scratch\". Diverged: non-finite, "
-        "or a final held-out loss above the loss at init; LR sensitivity: mean over the grid of min(loss, loss at "
-        "init) minus the best; the seed is the unit.",
-        "",
-        table(["design check", "passed", "measured"], [[c.statement, "yes" if c.passed else "NO", c.detail] for c in checks]),
-        "",
-        f"{family.describe()}.",
-        "",
-        table(["#", "claim", "statistic", f"value [{percent(family.level)} CI]", "verdict", "rule"],
-              [[f.key, f.claim, f.statistic, f.value, f.verdict, f.rule] for f in found]),
-        "",
-        "### LR sensitivity and the largest stable LR per T (95% t-intervals over seeds)",
-        "",
-        table(["arm", "T", "LR sensitivity", "largest stable LR per seed", "runs diverged", "runs collapsed"],
-              sensitivity_rows(curves)),
-        "",
-    ]
+    data = {
+        "grid": curves.grid,
+        "temperatures": curves.temperatures,
+        "family": {"size": family.size, "level": family.level},
+        "design_checks": [{"statement": c.statement, "passed": c.passed, "detail": c.detail} for c in checks],
+        "findings": [f.as_dict() for f in found],
+        "sensitivity": sensitivity_rows(curves),
+        "curves": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed, "sensitivity": c.sensitivity(),
+                    "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss}
+                   for c in curves.complete.values()],
+    }
+    parts = ["## Learning-rate curves (from scratch)", "", *lr_tables(data)]
     if curves.incomplete:
         parts += ["Incomplete curves (a learning rate missing; in no finding): "
                   + ", ".join(f"{ARM_LABELS.get(c.arm, c.arm)} T={fmt(c.temperature)} seed {c.seed}" for c in curves.incomplete), ""]
@@ -620,18 +640,8 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None) -> LRSecti
               if events else "None.", ""]
     for name, caption in figures.items():
         parts += [f"### {caption}", "", f"![{caption}]({name})", ""]
-    data = {
-        "grid": curves.grid,
-        "temperatures": curves.temperatures,
-        "family": {"size": family.size, "level": family.level},
-        "design_checks": [{"statement": c.statement, "passed": c.passed, "detail": c.detail} for c in checks],
-        "findings": [f.as_dict() for f in found],
-        "curves": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed, "sensitivity": c.sensitivity(),
-                    "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss}
-                   for c in curves.complete.values()],
-    }
     return LRSection("\n".join(parts), data)
 
 
 __all__ = ["ARMS", "LRFinding", "LRRun", "LRSection", "design_checks", "gather", "lr_findings", "lr_run",
-           "lr_section", "lr_sensitivity", "sign_test"]
+           "lr_section", "lr_tables", "lr_sensitivity", "sign_test"]

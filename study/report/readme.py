@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from study.report.lrcurves import lr_tables
 from study.report.scorecard import SCHEMA, scorecard_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,13 +54,11 @@ def render(data: dict[str, Any], source: str = "docs/results/main.json") -> str:
     """The block between the markers: where the numbers come from, then the scorecard."""
     runs = ", ".join(f"{n} {state}" for state, n in data["runs"].items())
     model = f", model {data['model']}" if data.get("model") else ""
-    return "\n".join(
-        [
-            f"Sweep `{data['title']}` ({runs}{model}), from `{source}`:",
-            "",
-            scorecard_markdown(data["scorecard"], data["family"]),
-        ]
-    )
+    lines = [f"Sweep `{data['title']}` ({runs}{model}), from `{source}`:", ""]
+    if data.get("lr_curves"):  # a learning-rate sweep: its own findings lead (the scorecard's rows are about T alone)
+        lines += ["#### Learning-rate curves (from scratch)", "", *lr_tables(data["lr_curves"]),
+                  "#### The paper's claims on the same runs", ""]  # fmt: skip
+    return "\n".join([*lines, scorecard_markdown(data["scorecard"], data["family"])])
 
 
 def begin_marker(source: str) -> str:

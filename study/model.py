@@ -79,7 +79,7 @@ class CausalLMModule(L.LightningModule):
         hparams_session: write this run's HParams session (its settings and metrics as a row of the HParams table).
             A sweep's pretraining run sets False: it is the base of the sweep's runs, not one of its settings.
         gradient_checkpointing: activation checkpointing by transformers' own mechanism
-            (``gradient_checkpointing_enable``, non-reentrant): each decoder layer's activations are recomputed in
+            (``activation_checkpointing_enable``, non-reentrant): each decoder layer's activations are recomputed in
             the backward pass instead of kept, for long contexts (more time, much less memory; docs/performance.md).
             Losses and gradients are unchanged, and the monitors see each attention call once per step
             (`study.attention.tap`). A model without transformers' support for it is an error.
@@ -295,8 +295,11 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     from study.attention.recompute import same_path_context
 
     # the recomputation takes the attention path its forward took, whatever is open during the backward pass
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
-                                                                       "context_fn": same_path_context})
+    kwargs = {"use_reentrant": False, "context_fn": same_path_context}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24's name; the old one warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False  # a key/value cache is incompatible with it (transformers warns and turns it off)
 
 

@@ -76,7 +76,7 @@ def test_checkpointing_keeps_losses_gradients_and_one_tap_call_per_attention_cal
     results = {}
     for checkpointing in (False, True):
         module = module_for(arch, SPECS[spec_name], checkpointing, llama_folder)
-        assert module.model.is_gradient_checkpointing is checkpointing
+        assert module.model.is_activation_checkpointing is checkpointing
         tap = None if path == "no tap" else CountingTap()
         results[checkpointing] = (*step(module, ids, tap, path == "blockwise"), tap and tap.calls)
     (loss, grads, calls), (loss_ckpt, grads_ckpt, calls_ckpt) = results[False], results[True]

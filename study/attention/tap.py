@@ -25,7 +25,7 @@ the dense explicit path, so such a tap still sees each call's full map once.
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 
 Under activation checkpointing (`CausalLMModule(gradient_checkpointing=True)`, transformers'
-``gradient_checkpointing_enable``) the backward pass runs each checkpointed layer's forward again. Taps see only
+``activation_checkpointing_enable``) the backward pass runs each checkpointed layer's forward again. Taps see only
 the first forward: a call made inside the backward pass (`recomputing`) is not handed to them, so each attention
 call counts once per step, with or without checkpointing. The taps stay open during that recomputation, so it takes
 the same (explicit) path as the forward it repeats.

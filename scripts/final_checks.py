@@ -37,7 +37,7 @@ WHAT = {
     "demo": "the main job",
     "test": "unit and fast integration tests",
     "test-all": "every test (what CI runs)",
-    "quick": "the small GPT-2 pipeline",
+    "quick": "the small GPT-2 pipeline and the from-scratch study's tiny version",
 }
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 

@@ -295,11 +295,9 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     from study.attention.recompute import same_path_context
 
     # the recomputation takes the attention path its forward took, whatever is open during the backward pass
-    kwargs = {"use_reentrant": False, "context_fn": same_path_context}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24's name; the old one warns
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # transformers' current name (the pinned 5.24 has it); `gradient_checkpointing_enable` warns and goes in v6
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": False, "context_fn": same_path_context})
     model.config.use_cache = False  # a key/value cache is incompatible with it (transformers warns and turns it off)
 
 

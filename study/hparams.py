@@ -158,7 +158,7 @@ def write_session(
     if experiment is True:
         writer.add_summary(experiment_summary(declared, metrics, differs=[a for a in STUDY_AXES if a in params]))
     elif experiment and Path(experiment).is_file():
-        declaration = json.loads(Path(experiment).read_text())
+        declaration = read_declaration(Path(experiment))
         declared.update(declaration["hparams"])
         writer.add_summary(_experiment_from(declaration))
     start = plugin_data_pb2.SessionStartInfo(group_name=group, start_time_secs=time.time())
@@ -198,9 +198,17 @@ def write_experiment(
     return path
 
 
-def read_experiment(path: Path) -> Summary:
-    """The experiment declaration `write_experiment` wrote to ``path``."""
-    return _experiment_from(json.loads(Path(path).read_text()))
+def read_declaration(path: Path) -> dict[str, Any]:
+    """The experiment declaration `write_experiment` wrote to ``path``, checked before use: a file that is not
+    JSON or lacks its `hparams` and `metrics` tables is refused naming the file, never half-read."""
+    try:
+        declaration = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable HParams declaration ({err}); delete it and rerun the sweep") from None
+    if not (isinstance(declaration, dict) and isinstance(declaration.get("hparams"), dict)
+            and isinstance(declaration.get("metrics"), dict)):
+        raise ValueError(f"{path}: an HParams declaration needs `hparams` and `metrics` tables; delete it and rerun")
+    return declaration
 
 
 def _experiment_from(declaration: dict[str, Any]) -> Summary:
@@ -214,7 +222,7 @@ __all__ = [
     "STUDY_AXES",
     "experiment_summary",
     "hparam_info",
-    "read_experiment",
+    "read_declaration",
     "write_experiment",
     "write_session",
 ]

@@ -98,3 +98,18 @@ def test_integers_are_shown_as_integers_and_sessions_follow_the_declared_type(tm
     assert start.hparams["attention/temperature"].number_value == 1.0
     assert start.hparams["seed"].string_value == "2" and start.hparams["attention/top_k"].string_value == "16"
     assert start.hparams["lr"].number_value == 3e-4
+
+
+def test_a_damaged_declaration_is_refused_naming_the_file(tmp_path):
+    """The sweep's hparams.json is read back before each run's session: damage is a clear error, not a KeyError."""
+    import pytest
+
+    from study.hparams import read_declaration
+
+    bad = tmp_path / "hparams.json"
+    for text in ('{"hparams": {', '{"hparams": {}}', "[1, 2]"):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match="hparams.json"):
+            read_declaration(bad)
+    bad.write_text('{"hparams": {"T": [1.0]}, "metrics": {"val/loss": "val loss"}}')
+    assert read_declaration(bad)["hparams"] == {"T": [1.0]}

@@ -27,6 +27,7 @@ from study.sweep.identity import run_dependencies
 from study.sweep.runargs import RunArgs, callback_override_key, check_callback_override, passthrough_settings
 
 TOP_KEYS = {
+    "extends",
     "name",
     "base",
     "save_dir",
@@ -243,16 +244,14 @@ def folder_name(what: str, name: Any) -> str:
     return text
 
 
-def _find_file(path: str, spec_path: Path) -> Path:
+def _find_file(path: str, spec_path: Path, what: str = "base config") -> Path:
     candidate = Path(path)
     if candidate.is_file():
         return candidate
     beside = spec_path.parent / path
     if beside.is_file():
         return beside
-    raise SweepSpecError(
-        f"base config {path!r} not found (looked in the working directory and beside {spec_path})"
-    )
+    raise SweepSpecError(f"{what} {path!r} not found (looked in the working directory and beside {spec_path})")
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -312,13 +311,36 @@ def analyze_args(section: Any, default_model: str | None, out: Path) -> list[str
     return args
 
 
-def load_spec(path: str | Path) -> dict[str, Any]:
+MERGED_KEYS = ("grid", "overrides")  # under `extends`, merged key by key; every other top-level key is replaced
+
+
+def load_spec(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The sweep config at `path`; with `extends: <sweep config>` (found as `base` is), that config's keys under
+    this one's: `grid` and `overrides` merged axis by axis and key by key, every other key replaced. A replication
+    names only what it changes (its grid, its name), so the study it repeats keeps one definition."""
     path = Path(path)
     if not path.is_file():
         raise SweepSpecError(f"sweep config {str(path)!r} not found")
     spec = load_yaml(path) or {}
+    if not isinstance(spec, dict):
+        raise SweepSpecError(f"{path}: a sweep config is a mapping of keys, got {type(spec).__name__}")
     _check_keys("sweep config", spec, TOP_KEYS)
-    return spec
+    parent_name = spec.pop("extends", None)
+    if parent_name is None:
+        return spec
+    if not isinstance(parent_name, str):
+        raise SweepSpecError(f"{path}: `extends` must name a sweep config file, got {parent_name!r}")
+    parent_path = _find_file(parent_name, path, "sweep config named by `extends`").resolve()
+    if parent_path in _seen or parent_path == path.resolve():
+        raise SweepSpecError(f"{path}: `extends` makes a cycle through {parent_path}")
+    parent = load_spec(parent_path, (*_seen, path.resolve()))
+    if "base" in parent and "base" not in spec:  # the parent's `base` is found from the parent's folder
+        parent["base"] = str(_find_file(parent["base"], parent_path))
+    merged = {**parent, **spec}
+    for key in MERGED_KEYS:
+        if isinstance(parent.get(key), dict) and isinstance(spec.get(key), dict):
+            merged[key] = {**parent[key], **spec[key]}
+    return merged
 
 
 def _apply_quick(

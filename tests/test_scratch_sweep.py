@@ -30,6 +30,31 @@ def test_scratch_plan_is_temperature_by_lr_by_three_arms_by_seeds():
     assert model["betas"] == [0.9, 0.95] and model["adam_epsilon"] == 1e-8 and model["z_loss"] == 1e-4
 
 
+REPLICATION = ROOT / "configs" / "sweeps" / "scratch-replication.yaml"
+
+
+@pytest.mark.slow
+def test_replication_trains_the_scratch_softmax_runs_on_fresh_seeds():
+    """`extends: scratch.yaml`: every replication run is the scratch study's softmax run at the same T and LR with
+    another seed, argument for argument (only the seed and the sweep's own folder differ)."""
+    replication, scratch = build_plan(REPLICATION), build_plan(SCRATCH)
+    assert len(replication.runs) == 2 * 8 * 12 and replication.sweep_dir.name == "scratch-replication"
+    seeds = {r.params["seed"] for r in replication.runs}
+    assert seeds == set(range(10, 22)) and not seeds & {r.params["seed"] for r in scratch.runs}
+    assert {r.params["temperature"] for r in replication.runs} == {0.03, 1.0}
+    assert {(r.params["qk_norm"], r.params["temperature_in"]) for r in replication.runs} == {(False, "softmax")}
+
+    def fit_args(run):
+        return [a.replace(run.name, "RUN").replace(replication.sweep_dir.name, "SWEEP")
+                .replace(scratch.sweep_dir.name, "SWEEP") for a in run.args if not a.startswith("--seed_everything=")]
+
+    reference = {(r.params["temperature"], r.params["learning_rate"]): fit_args(r) for r in scratch.runs
+                 if r.params["seed"] == 0 and not r.params["qk_norm"] and r.params["temperature_in"] == "softmax"}
+    for run in replication.runs:
+        assert fit_args(run) == reference[(run.params["temperature"], run.params["learning_rate"])], run.name
+        assert f"--seed_everything={run.params['seed']}" in run.args
+
+
 @pytest.mark.slow
 def test_gpu_spec_dry_runs_and_its_runs_parse(capsys):
     assert main(["--config", str(GPU), "--dry-run", "--save-dir", "/tmp/study-scratch-gpu-dry"]) == 0

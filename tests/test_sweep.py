@@ -154,6 +154,33 @@ def test_bad_specs_fail_before_any_run(tmp_path, capsys, grid, extra, message):
     assert not (tmp_path / "logs").exists()
 
 
+def test_extends_merges_grid_and_overrides_and_replaces_the_rest(tmp_path):
+    parent = write_spec(tmp_path, {"temperature": [0.1, 1.0], "seed": [0]}, arms=[{"top_k": [4]}])
+    child = tmp_path / "sub" / "child.yaml"
+    child.parent.mkdir()
+    child.write_text(yaml.safe_dump({"extends": "../tiny.yaml", "name": "child", "grid": {"seed": [5, 6]},
+                                     "overrides": {"trainer.max_steps": 4, "trainer.val_check_interval": 4},
+                                     "arms": []}))
+    plan = build_plan(child)
+    assert plan.sweep_dir.name == "child"
+    assert sorted((r.params["temperature"], r.params["seed"]) for r in plan.runs) == [
+        (0.1, 5), (0.1, 6), (1.0, 5), (1.0, 6)]  # the parent's temperatures, the child's seeds, no arm
+    assert all("--trainer.max_steps=4" in r.args and "--model.n_embd=32" in r.args for r in plan.runs)
+
+
+@pytest.mark.parametrize(("extends", "message"), [
+    ("missing.yaml", "sweep config named by `extends` 'missing.yaml' not found"),
+    ("self.yaml", "makes a cycle"),
+    (3, "`extends` must name a sweep config file, got 3"),
+])
+def test_bad_extends_is_refused_naming_it(tmp_path, extends, message):
+    path = tmp_path / "self.yaml"
+    path.write_text(yaml.safe_dump({"extends": extends, "grid": {"seed": [0]}}))
+    with pytest.raises(SweepSpecError, match=None) as err:
+        build_plan(path)
+    assert message in str(err.value)
+
+
 @pytest.mark.slow
 def test_default_and_hub_sweeps_parse():
     plan = build_plan(ROOT / "configs" / "sweeps" / "small-gpt2.yaml")

@@ -4,8 +4,9 @@ The model is loaded with `AutoModelForCausalLM.from_pretrained` (`model_name_or_
 or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M-Instruct,
 dequantised to fp32 from its Q4_1 gguf), or, when no name is given, built from scratch as a GPT-2 of the given size.
 Its attention layers are switched to the spec with `study.attention.apply_attention_spec`, which is also why
-importing this module registers the attention implementation in every DDP worker. `GPT2Module` is the same class
-under its former name (configs and checkpoints that name it keep working).
+importing this module registers the attention implementation in every DDP worker. The former name `GPT2Module` is
+retired: importing it raises an error that names the new one (a checkpoint never held the class name, so every
+checkpoint loads with `CausalLMModule.load_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -335,8 +336,12 @@ def z_loss_term(logits: torch.Tensor, attention_mask: torch.Tensor | None = None
     return (log_z.pow(2) * keep).sum() / keep.sum().clamp(min=1)
 
 
-# The former name: configs, imports and checkpoints that say GPT2Module keep working.
-GPT2Module = CausalLMModule
+def __getattr__(name: str) -> object:
+    # The former name fails loudly, naming its replacement, rather than living on as a second name for one class.
+    if name == "GPT2Module":
+        raise AttributeError("study.model.GPT2Module was renamed study.model.CausalLMModule (it trains any Hugging "
+                             "Face causal LM); use that name in imports and in a config's class_path")
+    raise AttributeError(f"module 'study.model' has no attribute {name!r}")
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:

@@ -63,10 +63,10 @@ def test_analyze_saved_model_dir_writes_outputs(saved, tmp_path, capsys):
 def test_analyze_checkpoint_uses_its_spec_and_the_tokenizer_beside_it(saved, tmp_path):
     import lightning
 
-    from study.model import GPT2Module
+    from study.model import CausalLMModule
 
     root, tok = saved
-    module = GPT2Module(AttentionSpec(normalizer="sparsemax", temperature=0.5), n_layer=2, n_head=4, n_embd=32,
+    module = CausalLMModule(AttentionSpec(normalizer="sparsemax", temperature=0.5), n_layer=2, n_head=4, n_embd=32,
                         n_positions=64, vocab_size=len(tok))
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

@@ -30,9 +30,9 @@ def causal_uniform_entropy(length: int) -> float:
 
 def test_uniform_attention_gpt2(tmp_path):
     """Zero queries in GPT-2 (q part of c_attn): normalised entropy 1, KL and TV to uniform 0, exact entropy."""
-    from study.model import GPT2Module
+    from study.model import CausalLMModule
 
-    module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
+    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
     with torch.no_grad():
         for block in module.model.transformer.h:
             block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]

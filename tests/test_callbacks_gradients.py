@@ -23,9 +23,9 @@ class GradRecorder(L.Callback):
 
 @pytest.mark.parametrize("clip", [None, 0.05, 1e3])
 def test_total_norm_before_and_after_clipping(tmp_path, clip):
-    from study.model import GPT2Module
+    from study.model import CausalLMModule
 
-    module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
     recorder = GradRecorder()
     monitor = GradientNormMonitor(every_n_steps=1, per_parameter_every_n_steps=2)
     make_trainer(tmp_path, [monitor, recorder], max_steps=3, gradient_clip_val=clip, limit_val_batches=0).fit(
@@ -62,13 +62,13 @@ def test_total_norm_before_and_after_clipping(tmp_path, clip):
 
 def test_block_kind_norms_match_torch_per_layer(tmp_path):
     """by="block_kind": each layer's W_q, W_k, W_v, W_o and MLP gradient norms, against torch on the same step."""
-    from study.model import GPT2Module
+    from study.model import CausalLMModule
 
     class Grads(L.Callback):
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
 
-    module = GPT2Module(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
+    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
     recorder = Grads()
     monitor = GradientNormMonitor(every_n_steps=1, by=("block_kind",))
     make_trainer(tmp_path, [monitor, recorder], max_steps=1, limit_val_batches=0).fit(module, token_loader(n=2))

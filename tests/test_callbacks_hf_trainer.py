@@ -52,7 +52,7 @@ class Samples(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": labels}
 
 
-class GPT2Module(L.LightningModule):
+class TinyLightningGPT2(L.LightningModule):
     def __init__(self, spec: AttentionSpec = SPEC) -> None:
         super().__init__()
         self.model = tiny_gpt2(spec)
@@ -85,7 +85,7 @@ def lightning_run(root: Path, accumulate: int, spec: AttentionSpec = SPEC) -> di
     train = torch.utils.data.DataLoader(Samples(BATCH * STEPS * accumulate, seed=1), batch_size=BATCH)
     val = torch.utils.data.DataLoader(Samples(2 * BATCH, seed=2), batch_size=BATCH)
     trainer = make_trainer(root, monitors(), max_steps=STEPS, accumulate_grad_batches=accumulate)
-    trainer.fit(GPT2Module(spec), train, val)
+    trainer.fit(TinyLightningGPT2(spec), train, val)
     return scalars(root)
 
 
@@ -181,7 +181,7 @@ def test_evaluate_before_training_is_the_lightning_validation_at_step_0_and_pred
 
     val = torch.utils.data.DataLoader(Samples(2 * BATCH, seed=2), batch_size=BATCH)
     lightning_trainer = make_trainer(tmp_path / "lightning", monitors())
-    lightning_trainer.validate(GPT2Module(), val, verbose=False)
+    lightning_trainer.validate(TinyLightningGPT2(), val, verbose=False)
     lightning = scalars(tmp_path / "lightning")
 
     # Before train() the Trainer's TensorBoardCallback has no run folder of its own (it would write to ./runs)

@@ -13,7 +13,7 @@ from study.callbacks import (
     SelectionUniformityMonitor,
     normalizer_parameters,
 )
-from study.model import GPT2Module
+from study.model import CausalLMModule
 from tests.callback_helpers import events, make_trainer, scalars, token_loader
 
 TINY = dict(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.05, warmup_steps=1)
@@ -21,7 +21,7 @@ TINY = dict(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learn
 
 @pytest.mark.parametrize("spec", [AttentionSpec(normalizer="ssmax"), AttentionSpec(normalizer="entmax", learnable=True)])
 def test_learnable_normalizer_parameters_train_and_are_logged(tmp_path, spec):
-    module = GPT2Module(spec, **TINY)
+    module = CausalLMModule(spec, **TINY)
     before = {k: v.detach().clone() for k, v in normalizer_parameters(module).items()}
     assert len(before) == 2  # one per layer
     trainer = make_trainer(tmp_path, [NormalizerParameterMonitor(every_n_steps=1)], max_steps=3, limit_val_batches=0)
@@ -39,7 +39,7 @@ def test_learnable_normalizer_parameters_train_and_are_logged(tmp_path, spec):
 
 
 def test_sparsemax_rows_are_sparse_and_have_no_softmax_jacobian(tmp_path):
-    module = GPT2Module(AttentionSpec(normalizer="sparsemax", temperature=0.05), **TINY)
+    module = CausalLMModule(AttentionSpec(normalizer="sparsemax", temperature=0.05), **TINY)
     monitors = [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1),
                 GradientNormMonitor(every_n_steps=1)]
     make_trainer(tmp_path, monitors, max_steps=1, limit_val_batches=0).fit(module, train_dataloaders=token_loader())
@@ -52,7 +52,7 @@ def test_sparsemax_rows_are_sparse_and_have_no_softmax_jacobian(tmp_path):
 
 
 def test_self_adjust_statistics_describe_the_normalised_magnitudes(tmp_path):
-    module = GPT2Module(AttentionSpec(normalizer="self_adjust"), **TINY)
+    module = CausalLMModule(AttentionSpec(normalizer="self_adjust"), **TINY)
     make_trainer(tmp_path, [AttentionEntropyMonitor(every_n_steps=1), SelectionUniformityMonitor(every_n_steps=1)],
                  max_steps=1, limit_val_batches=0).fit(module, train_dataloaders=token_loader())
     logged = {tag: values[0][1] for tag, values in scalars(tmp_path).items()}

@@ -1,4 +1,4 @@
-"""CausalLMModule (alias GPT2Module): loading, validation, optimisation, logging."""
+"""CausalLMModule: loading, validation, optimisation, logging."""
 
 import math
 
@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from study import tags
 from study.attention import AttentionSpec, current_spec
-from study.model import CausalLMModule, GPT2Module, warmup_cosine
+from study.model import CausalLMModule, warmup_cosine
 
 TINY = dict(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64)
 
@@ -20,15 +20,15 @@ def batches(n=8, length=16, seed=0):
 
 
 def test_spec_reaches_every_layer():
-    module = GPT2Module(AttentionSpec(temperature=0.5, top_k=3), **TINY)
+    module = CausalLMModule(AttentionSpec(temperature=0.5, top_k=3), **TINY)
     assert set(current_spec(module.model).values()) == {AttentionSpec(temperature=0.5, top_k=3)}
 
 
 def test_from_pretrained_local_directory(tmp_path):
     """The real loading path (`from_pretrained`), on a tiny model saved to a temporary folder."""
-    source = GPT2Module(**TINY)
+    source = CausalLMModule(**TINY)
     source.model.save_pretrained(tmp_path / "tiny")
-    loaded = GPT2Module(AttentionSpec(top_k=2), model_name_or_path=str(tmp_path / "tiny"), vocab_size=64)
+    loaded = CausalLMModule(AttentionSpec(top_k=2), model_name_or_path=str(tmp_path / "tiny"), vocab_size=64)
     ids = torch.randint(0, 64, (1, 10))
     for m in (source, loaded):
         m.eval()
@@ -39,14 +39,14 @@ def test_from_pretrained_local_directory(tmp_path):
 
 
 def test_tokenizer_larger_than_pretrained_vocabulary_is_rejected(tmp_path):
-    GPT2Module(**TINY).model.save_pretrained(tmp_path / "tiny")
+    CausalLMModule(**TINY).model.save_pretrained(tmp_path / "tiny")
     with pytest.raises(ValueError, match="100 tokens"):
-        GPT2Module(model_name_or_path=str(tmp_path / "tiny"), vocab_size=100)
+        CausalLMModule(model_name_or_path=str(tmp_path / "tiny"), vocab_size=100)
 
 
 def test_block_size_above_context_is_rejected():
     with pytest.raises(ValueError, match="block_size=64 exceeds the model's context of 32"):
-        GPT2Module(block_size=64, **TINY)
+        CausalLMModule(block_size=64, **TINY)
 
 
 def test_warmup_then_cosine_schedule():
@@ -60,7 +60,7 @@ def test_warmup_then_cosine_schedule():
 def test_fit_logs_losses_and_hparams(tmp_path):
     from tbparse import SummaryReader
 
-    module = GPT2Module(AttentionSpec(temperature=0.3, top_k=4), **TINY, warmup_steps=1)
+    module = CausalLMModule(AttentionSpec(temperature=0.3, top_k=4), **TINY, warmup_steps=1)
     logger = L.pytorch.loggers.TensorBoardLogger(tmp_path, name="run", version=0, default_hp_metric=False)
     trainer = L.Trainer(max_steps=4, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, val_check_interval=2)
@@ -84,7 +84,7 @@ def test_fit_logs_losses_and_hparams(tmp_path):
 
 
 def test_validation_loss_is_token_weighted_mean():
-    module = GPT2Module(**TINY).eval()
+    module = CausalLMModule(**TINY).eval()
     loader = batches(n=6)  # batches of 4 and 2 sequences
     expected_num = expected_den = 0.0
     for batch in loader:
@@ -98,7 +98,7 @@ def test_validation_loss_is_token_weighted_mean():
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_training_at_low_temperature_stays_finite(precision):
-    module = GPT2Module(AttentionSpec(temperature=0.01), **TINY)
+    module = CausalLMModule(AttentionSpec(temperature=0.01), **TINY)
     trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, precision=precision, gradient_clip_val=1.0,
                         limit_val_batches=0)
@@ -133,8 +133,13 @@ def test_loaded_model_trains_with_its_dropout_active(tmp_path):
     assert seen["differ"]  # two passes over the same batch differ: dropout is sampling
 
 
-def test_gpt2module_is_the_causal_lm_module():
-    assert GPT2Module is CausalLMModule
+def test_the_retired_name_gpt2module_fails_naming_its_replacement():
+    import study.model
+
+    with pytest.raises(AttributeError, match="renamed study.model.CausalLMModule"):
+        study.model.GPT2Module  # noqa: B018 - the access is the test
+    with pytest.raises(ImportError, match="GPT2Module"):
+        exec("from study.model import GPT2Module")  # noqa: S102 - the import statement a user would write
 
 
 def test_short_model_names_are_resolved(tmp_path, monkeypatch):

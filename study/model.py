@@ -50,9 +50,9 @@ class CausalLMModule(L.LightningModule):
         dropout: residual, embedding and attention dropout of a model built from scratch. A loaded model keeps
             the dropout of its own config (GPT-2: 0.1; SmolLM2: 0), active in training.
         trainable: "all" parameters, or only the "attention" modules' (query, key, value, output projections);
-            the rest is frozen. Attention-only fine-tuning lets attention adapt to a new T / top-k with about half
-            the cost of a full step on SmolLM2 (no weight gradients for the LM head, MLPs and norms, and AdamW over
-            26.5 M instead of 134.5 M parameters).
+            the rest is not trained (``requires_grad`` off). Attention-only fine-tuning lets attention adapt to a
+            new T / top-k at a fraction of a full step's cost (no weight gradients for the LM head, MLPs and norms,
+            and AdamW over the attention projections only; measured in docs/realmodel.md).
         optimizer: "adamw", or "sgd" (plain SGD, no momentum: its step is lr x the gradient, so a gradient that
             grows at low T moves the weights more; AdamW's first steps are about lr x sign(gradient) whatever its
             size, which can hide that). Weight decay and the schedule are the same for both.
@@ -174,7 +174,7 @@ class CausalLMModule(L.LightningModule):
         else:
             apply_attention_spec(self.model, attention)
         if trainable == "attention":
-            freeze_all_but_attention(self.model)
+            train_attention_only(self.model)
         if gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.attention = attention
@@ -277,7 +277,7 @@ class CausalLMModule(L.LightningModule):
         return summary
 
 
-def freeze_all_but_attention(model: torch.nn.Module) -> None:
+def train_attention_only(model: torch.nn.Module) -> None:
     """Only the parameters of the self-attention modules keep ``requires_grad`` (the optimizer gets only those)."""
     keep = {id(p) for module in attention_modules(model) for p in module.parameters()}
     if not keep:
@@ -287,8 +287,8 @@ def freeze_all_but_attention(model: torch.nn.Module) -> None:
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Transformers' activation checkpointing, non-reentrant: it needs no input that requires a gradient (frozen
-    embeddings under ``trainable="attention"``), keeps each layer's RNG state for dropout, and nests with the
+    """Transformers' activation checkpointing, non-reentrant: it needs no input that requires a gradient (the
+    embeddings are not trained under ``trainable="attention"``), keeps each layer's RNG state for dropout, and nests with the
     blockwise attention path's own checkpoints."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"gradient_checkpointing=True: {type(model).__name__} does not support transformers' "

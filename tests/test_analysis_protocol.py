@@ -135,16 +135,16 @@ LAYOUT = Path(__file__).parent / "data" / "analysis_results_layout.txt"
 
 def test_results_json_layout_is_unchanged(gpt2_results):
     """Every key of results.json, in order, with the shape of every array: the layout `study analyze` wrote before
-    the analyses became one module and one table entry each (recorded from that code, see LAYOUT's header)."""
+    the analyses became one module and one registry entry each (recorded from that code, see LAYOUT's header)."""
     _, _, res = gpt2_results
     want = [line for line in LAYOUT.read_text().splitlines() if not line.startswith("#")]
     assert results_layout(res) == want
 
 
-def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
-    """A new analysis needs only its `Analysis` in `table.ANALYSES`: the runner, results.json, the CSV, the
+def test_an_analysis_is_one_registry_entry(monkeypatch, tmp_path):
+    """A new analysis needs only its `Analysis` in `registry.ANALYSES`: the runner, results.json, the CSV, the
     claims and TensorBoard pick it up in table order."""
-    from study.frozen.analysis import table
+    from study.frozen.analysis import registry
     from study.frozen.analysis.outputs import write_tensorboard
     from study.frozen.analysis.registration import Analysis, stack_layers
 
@@ -159,7 +159,7 @@ def test_an_analysis_is_one_table_entry(monkeypatch, tmp_path):
     toy = Analysis(name="toy", layer=diagonal, results=lambda s, layers: {"toy_diagonal": stack_layers(layers)},
                    csv_rows=csv_rows, scalars=lambda res: [("analysis/toy", res["toy_diagonal"]["diagonal"][1][0], 1)],
                    claims=lambda res: [{"claim": "toy", "paper": "-", "measured": None}])
-    monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, toy))
+    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, toy))
     torch.manual_seed(0)
     model = GPT2LMHeadModel(copy.deepcopy(GPT2)).eval()
     res = analyze(model, torch.randint(0, 64, (1, 8)), lengths=[8], ns=[1], temperatures=[1.0], mc_samples=0,

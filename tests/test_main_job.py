@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study.sweep import SweepSpecError, build_plan
+from study.sweep import SweepConfigError, build_plan
 from tests.test_sweep import env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,11 +144,11 @@ def test_callback_override_names_a_base_callback_and_its_argument(tmp_path):
     maps = [cb for cb in plan.runs[0].resolved["trainer"]["callbacks"] if cb["class_path"].endswith("MapMonitor")]
     assert maps[0]["init_args"] == {"every_n_steps": 10, "layers": [0], "heads": [0, 1]}
     assert not any("trainer.callbacks.AttentionMapMonitor" in arg for arg in plan.runs[0].args)
-    with pytest.raises(SweepSpecError, match="no callback 'AttentionMapMonitr'.*did you mean 'AttentionMapMonitor'"):
+    with pytest.raises(SweepConfigError, match="no callback 'AttentionMapMonitr'.*did you mean 'AttentionMapMonitor'"):
         build_plan(spec("trainer.callbacks.AttentionMapMonitr.layers"))
-    with pytest.raises(SweepSpecError, match="takes no argument 'layer'.*did you mean 'layers'"):
+    with pytest.raises(SweepConfigError, match="takes no argument 'layer'.*did you mean 'layers'"):
         build_plan(spec("trainer.callbacks.AttentionMapMonitor.layer"))
-    with pytest.raises(SweepSpecError, match="<ClassName>.<init_arg>"):
+    with pytest.raises(SweepConfigError, match="<ClassName>.<init_arg>"):
         build_plan(spec("trainer.callbacks.AttentionMapMonitor"))
 
 

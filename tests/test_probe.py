@@ -303,7 +303,7 @@ def test_help_documents_the_verb(capsys):
 
 
 def test_sweep_spec_probe_section(tmp_path):
-    from study.sweep.spec import SweepSpecError, build_plan
+    from study.sweep.config import SweepConfigError, build_plan
 
     plan = build_plan("configs/sweeps/default.yaml", quick=True, save_dir=str(tmp_path))
     assert plan.probe[:4] == ["--model", str(tmp_path / "default-quick" / "pretrain" / "hf"), "--out", str(tmp_path / "default-quick" / "probe")]
@@ -313,7 +313,7 @@ def test_sweep_spec_probe_section(tmp_path):
                              ("{enabled: true}", "probe.model")):  # fmt: skip
         spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nprobe: {section}\n")
         (tmp_path / "base.yaml").write_text("model: {}\n")
-        with pytest.raises(SweepSpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        with pytest.raises(SweepConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             build_plan(spec)
 
 
@@ -353,9 +353,9 @@ def test_the_window_collector_lets_every_hooked_tensor_go(tiny_causal_lm):
     import weakref
 
     from study.attention import tapping
+    from study.frozen.probe.ghost_norms import window_gradients, window_losses
     from study.frozen.probe.jacobian import ExplicitPath
     from study.frozen.probe.measure import num_layers
-    from study.frozen.probe.windows import window_gradients, window_losses
 
     batch = torch.randint(60, (2, 12), generator=torch.Generator().manual_seed(0))
     layers = num_layers(tiny_causal_lm)

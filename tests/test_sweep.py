@@ -14,7 +14,7 @@ import yaml
 
 from study.report.read import read_scalars
 from study.sweep import build_plan, main
-from study.sweep.spec import SweepSpecError
+from study.sweep.config import SweepConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -146,7 +146,7 @@ def test_bad_specs_fail_before_any_run(tmp_path, capsys, grid, extra, message):
         data = yaml.safe_load(spec.read_text())
         data["overrides"] = extra["overrides"]
         spec.write_text(yaml.safe_dump(data))
-    with pytest.raises(SweepSpecError, match=None) as err:
+    with pytest.raises(SweepConfigError, match=None) as err:
         build_plan(spec)
     assert message in str(err.value)
     assert main(["--config", str(spec)]) == 2
@@ -158,7 +158,7 @@ def test_extends_merges_grid_and_overrides_and_replaces_the_rest(tmp_path):
     parent = write_spec(tmp_path, {"temperature": [0.1, 1.0], "seed": [0]}, arms=[{"top_k": [4]}])
     child = tmp_path / "sub" / "child.yaml"
     child.parent.mkdir()
-    child.write_text(yaml.safe_dump({"extends": "../tiny.yaml", "name": "child", "grid": {"seed": [5, 6]},
+    child.write_text(yaml.safe_dump({"extends": f"../{parent.name}", "name": "child", "grid": {"seed": [5, 6]},
                                      "overrides": {"trainer.max_steps": 4, "trainer.val_check_interval": 4},
                                      "arms": []}))
     plan = build_plan(child)
@@ -176,7 +176,7 @@ def test_extends_merges_grid_and_overrides_and_replaces_the_rest(tmp_path):
 def test_bad_extends_is_refused_naming_it(tmp_path, extends, message):
     path = tmp_path / "self.yaml"
     path.write_text(yaml.safe_dump({"extends": extends, "grid": {"seed": [0]}}))
-    with pytest.raises(SweepSpecError, match=None) as err:
+    with pytest.raises(SweepConfigError, match=None) as err:
         build_plan(path)
     assert message in str(err.value)
 
@@ -317,7 +317,7 @@ def test_a_damaged_status_file_means_not_done(tmp_path):
 
 def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
     spec = write_spec(tmp_path, {"seed": [0]}, checkpoint={"enabled": False, "every_n_train_steps": 5})
-    with pytest.raises(SweepSpecError, match="every_n_train_steps with enabled: false"):
+    with pytest.raises(SweepConfigError, match="every_n_train_steps with enabled: false"):
         build_plan(spec)
     spec = write_spec(tmp_path, {"seed": [0]})
     assert main(["--config", str(spec), "--devices-per-run", "2", "--dry-run"]) == 2
@@ -431,7 +431,7 @@ def test_sweep_spec_analyze_section(tmp_path):
     (tmp_path / "base.yaml").write_text("model: {}\n")
     for section, message in (("{steps: 3}", r"unknown key\(s\) \['steps'\]"), ("{enabled: true}", "analyze.model")):
         spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {section}\n")
-        with pytest.raises(SweepSpecError, match=message):
+        with pytest.raises(SweepConfigError, match=message):
             build_plan(spec)
     spec.write_text(f"base: {tmp_path / 'base.yaml'}\ngrid: {{temperature: [1]}}\nanalyze: {{enabled: false}}\n")
     assert build_plan(spec).analyze is None

@@ -12,7 +12,7 @@ from study.report.read import RunData
 from study.report.summary import summarize
 from study.sweep import axes
 from study.sweep.axes import AXES, Axis, exact, grid_keys, run_name
-from study.sweep.spec import SweepSpecError, build_plan
+from study.sweep.config import SweepConfigError, build_plan
 from tests.test_sweep import write_spec
 
 
@@ -67,12 +67,12 @@ def test_an_axis_left_out_takes_the_value_the_runs_get(tmp_path):
      ({"seed": [-1]}, "non-negative integer")],
 )
 def test_axis_checks_run_before_any_run(tmp_path, grid, message):
-    with pytest.raises(SweepSpecError, match=message):
+    with pytest.raises(SweepConfigError, match=message):
         build_plan(write_spec(tmp_path, grid))
 
 
 def test_an_override_of_a_swept_axis_is_refused(tmp_path):
-    with pytest.raises(SweepSpecError, match=r"\['model.learning_rate'\], which the grid varies"):
+    with pytest.raises(SweepConfigError, match=r"\['model.learning_rate'\], which the grid varies"):
         build_plan(write_spec(tmp_path, {"learning_rate": [1e-3]}, {"model.learning_rate": 0.1}))
 
 
@@ -104,9 +104,9 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
                                    "qk_norm": False, "temperature_in": "softmax", "alpha": 1.5}
     assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
     assert plan.as_dict()["grid_keys"][-1] == "alpha"
-    with pytest.raises(SweepSpecError, match="grid `alpha` value 'x' is invalid"):
+    with pytest.raises(SweepConfigError, match="grid `alpha` value 'x' is invalid"):
         build_plan(write_spec(tmp_path, {"alpha": ["x"]}))
-    with pytest.raises(SweepSpecError, match=r"\['model.attention.alpha'\], which the grid varies"):
+    with pytest.raises(SweepConfigError, match=r"\['model.attention.alpha'\], which the grid varies"):
         build_plan(write_spec(tmp_path, {"alpha": [2]}, {"model.attention.alpha": 2}))
     # Left out of the grid, the axis takes the runs' value and stays out of their names: existing folders keep theirs.
     plain = build_plan(write_spec(tmp_path, {"temperature": [0.5]}))
@@ -124,7 +124,7 @@ def test_extra_arguments_are_recorded_and_may_not_override_the_grid(tmp_path):
     assert plan.runs[0].resolved["trainer"]["gradient_clip_val"] == 0.37
     assert [r.params["seed"] for r in plan.runs] == [7, 7] and plan.runs[0].name == "T0.1_kall_softmax_s7"
     for extra in (["--model.attention.temperature=0.5"], ["--trainer.logger=false"]):
-        with pytest.raises(SweepSpecError, match="which the sweep sets per run"):
+        with pytest.raises(SweepConfigError, match="which the sweep sets per run"):
             build_plan(spec, passthrough=extra)
 
 
@@ -155,5 +155,5 @@ def test_arms_add_runs_beside_the_main_grid_named_by_what_they_change(tmp_path):
      ([{"momentum": [0.9]}], "unknown key")],
 )
 def test_bad_arms_are_refused_before_any_run(tmp_path, arms, message):
-    with pytest.raises(SweepSpecError, match=message):
+    with pytest.raises(SweepConfigError, match=message):
         build_plan(write_spec(tmp_path, {"temperature": [1.0]}, arms=arms))

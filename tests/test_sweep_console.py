@@ -81,8 +81,8 @@ def summary_tags(folder):
 
 def test_a_diverged_run_reads_one_step_number():
     """The guard's reason names the step of the event; the run's step count beside it read as a second event."""
+    from study.sweep.config import Run
     from study.sweep.pool import SweepProgress
-    from study.sweep.spec import Run
 
     progress = SweepProgress(2, 1, None)
     run = Run(0, "T0.01_kall_softmax_s1_lr100_sgd", None, {}, [], {})

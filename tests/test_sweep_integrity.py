@@ -64,16 +64,16 @@ def test_a_sweep_name_that_is_not_one_folder_is_refused_before_any_write(tmp_pat
 
 def test_a_run_name_that_is_not_one_folder_is_refused(tmp_path, monkeypatch):
     from study.sweep import axes
-    from study.sweep.spec import SweepSpecError, build_plan
+    from study.sweep.config import SweepConfigError, build_plan
 
     monkeypatch.setattr(axes, "run_name", lambda params, swept=frozenset(): "../outside")
-    with pytest.raises(SweepSpecError, match="run name '../outside' is not a plain folder name"):
+    with pytest.raises(SweepConfigError, match="run name '../outside' is not a plain folder name"):
         build_plan(write_spec(tmp_path, {"temperature": [1.0]}))
 
 
 def _fake_finished(sweep_dir: Path, index: int, spec: Path) -> dict:
     """Mark run `index` of the spec's plan as finished, as a sweep records it."""
-    from study.sweep.spec import build_plan
+    from study.sweep.config import build_plan
 
     entry = json.loads(json.dumps(build_plan(spec).as_dict(), default=str))["runs"][index]
     run = sweep_dir / entry["name"]
@@ -130,7 +130,7 @@ def test_a_damaged_pretrained_model_is_refused_by_name(tmp_path, capsys):
     """Checksums are written when pretrain/hf is built (here by hand, as `execute_run` does); a byte changed
     afterwards is refused before any run trains from it, naming the folder and what to do."""
     from study.cachefolder import write_checksums
-    from study.sweep.spec import build_plan
+    from study.sweep.config import build_plan
 
     plan = build_plan(_pretrain_spec(tmp_path, [0]))
     hf = plan.pretrain.dir / "hf"
@@ -250,7 +250,7 @@ def test_a_dry_run_writes_nothing(tmp_path, capsys):
 def test_a_damaged_status_does_not_let_a_run_resume_under_other_settings(tmp_path, capsys):
     """An unfinished run whose status.json was cut, then the lr override changed: it used to resume from the old
     checkpoint while status, plan and report said the new rate."""
-    from study.sweep.spec import build_plan
+    from study.sweep.config import build_plan
 
     spec = write_spec(tmp_path, {"temperature": [1.0]}, {"model.learning_rate": 0.001})
     run = build_plan(spec).runs[0]

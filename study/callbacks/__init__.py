@@ -8,7 +8,7 @@ Public API:
     AttentionLogitMonitor       the largest attention logit per layer (scaled by T and raw), mean and std of logits
     AttentionSinkMonitor        weight on the first visible key per layer, and the sink rate (heads above 0.3)
     EntropyCollapseAlert        warn (or stop) when a layer's normalised entropy collapses from its step-0 value
-    BaselineValidation          a validation epoch at step 0: the frozen model under the new attention
+    BaselineValidation          a validation epoch at step 0: the model as loaded, under the new attention, before any step
     FixedBatchLoss              the loss on one held-out batch, the same at every logged step (spikes without noise)
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
     NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf

@@ -105,7 +105,7 @@ def tensorboard_writers(trainer: L.Trainer) -> list[Any]:
     return writers
 
 
-class TapWindow(Callback):
+class TapCallback(Callback):
     """A callback that is an attention tap while its window is open (`study.attention.tapping`), and that closes
     the window whatever ends the fit (an exception, teardown). Subclasses open it on the steps they measure."""
 
@@ -135,7 +135,7 @@ class TapWindow(Callback):
         self._close()
 
 
-class TapMonitor(TapWindow):
+class TapMonitor(TapCallback):
     """Base class of the attention monitors: tap on logging steps and during validation, sum, reduce, log.
 
     Subclasses implement `summarize` (one attention call -> per-layer sums) and `compute` (reduced sums ->

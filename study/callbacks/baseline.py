@@ -1,5 +1,5 @@
 """`BaselineValidation`: one validation epoch before the first update, so every in-training quantity has its step-0
-value (the frozen model under the new attention) beside its final one."""
+value (the model as loaded, under the new attention, before any step) beside its final one."""
 
 from __future__ import annotations
 

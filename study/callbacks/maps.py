@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
-from study.callbacks.base import TapWindow, tensorboard_writers
+from study.callbacks.base import TapCallback, tensorboard_writers
 
 
 def draw_attention_map(weights: Tensor, title: str = "", log_scale: bool = False, floor: float = 1e-4):
@@ -91,7 +91,7 @@ def draw_attention_maps(
     return fig
 
 
-class AttentionMapMonitor(TapWindow):
+class AttentionMapMonitor(TapCallback):
     """Heatmaps of one fixed validation sample's attention, for chosen layers and heads (rank 0 only).
 
     The sample is ``sample_index`` of the first validation batch of the first validation dataloader, which is

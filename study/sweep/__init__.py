@@ -24,10 +24,10 @@ the checkpoint purged from TensorBoard). Several processes may share one sweep: 
 holds its `run.lock` (`study.sweep.lock`); see docs/robustness.md. Extra `--trainer.*`,
 `--model.*`, `--data.*` arguments are passed to every run (they are part of its settings).
 
-Spec format: see `configs/sweeps/default.yaml` (every key commented) and `study.sweep.spec`.
+Spec format: see `configs/sweeps/default.yaml` (every key commented) and `study.sweep.config`.
 """
 
 from study.sweep.command import main
-from study.sweep.spec import SweepSpecError, build_plan
+from study.sweep.config import SweepConfigError, build_plan
 
-__all__ = ["SweepSpecError", "build_plan", "main"]
+__all__ = ["SweepConfigError", "build_plan", "main"]

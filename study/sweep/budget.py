@@ -21,14 +21,14 @@ from study.resident import command_peak
 
 def main_job_commands(spec: str, run_index: int, save_dir: str) -> list[tuple[str, list[str]]]:
     """(label, command) of the spec's probe, analysis and run ``run_index``, as `study sweep` launches them."""
+    from study.sweep.config import build_plan, load_sweep_config
     from study.sweep.frozen_steps import frozen_steps
     from study.sweep.pool import run_command
-    from study.sweep.spec import build_plan, load_spec
 
     plan = build_plan(spec, save_dir=save_dir)
     if not 0 <= run_index < len(plan.runs):
         raise ValueError(f"--run-index {run_index} is not in 0..{len(plan.runs) - 1}")
-    threads = load_spec(spec).get("threads")
+    threads = load_sweep_config(spec).get("threads")
     commands = [(step.label, step.command()) for step in frozen_steps(plan)]
     run = plan.runs[run_index]
     commands.append((f"run {run.name}", run_command(Path(spec), run_index, False, [], save_dir, threads)))

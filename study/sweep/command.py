@@ -12,6 +12,7 @@ import time
 
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
+from study.sweep.config import Plan, SweepConfigError, build_plan
 from study.sweep.frozen_steps import frozen_steps, run_step_here
 from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
@@ -34,7 +35,6 @@ from study.sweep.run import (
     recorded_settings,
     run_one,
 )
-from study.sweep.spec import Plan, SweepSpecError, build_plan
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
 
@@ -87,14 +87,14 @@ def _check_stale(plan: Plan) -> None:
     for run in runs:
         status = recorded_settings(run.dir)  # status.json, else settings.json when status.json is damaged
         if status and status.get("fingerprint") not in (None, run.fingerprint):
-            raise SweepSpecError(
+            raise SweepConfigError(
                 f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
                 "delete it or give the sweep another name"
             )
         recorded = (status or {}).get("depends")
         changes = changed_dependencies(recorded, run.depends) if isinstance(recorded, dict) else []
         if changes:
-            raise SweepSpecError(
+            raise SweepConfigError(
                 f"run {run.name} was trained with other inputs than this sweep would use now: {'; '.join(changes)}. "
                 f"Restore them, or delete {run.dir} (and any other such run) to redo it, or give the sweep another "
                 "name; runs made with different inputs are never pooled"
@@ -168,7 +168,7 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     try:
         plan = build_plan(args.config, quick=args.quick, passthrough=passthrough, save_dir=args.save_dir)
         _check_stale(plan)
-    except SweepSpecError as err:
+    except SweepConfigError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
     if links := links_out_of(plan.sweep_dir):

@@ -9,8 +9,8 @@ from typing import Any
 from study.callbacks.steptime import StepTimer
 from study.progress import format_seconds
 from study.report.read import dotted_get
+from study.sweep.config import Plan, Run
 from study.sweep.run import run_console
-from study.sweep.spec import Plan, Run
 
 
 def _resolved(run: Run, key: str, default: Any) -> Any:

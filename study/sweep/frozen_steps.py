@@ -21,9 +21,9 @@ from typing import Any
 
 from study.progress import format_seconds
 from study.report.read import read_json
+from study.sweep.config import Plan
 from study.sweep.lock import RunBusy, RunLock
 from study.sweep.run import run_console
-from study.sweep.spec import Plan
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from study import tags
 from study.progress import format_seconds
+from study.sweep.config import Plan, Run
 from study.sweep.frozen_steps import FrozenStep, Launched, launch
 from study.sweep.lock import RunBusy, RunLock, busy
 from study.sweep.run import (
@@ -29,7 +30,6 @@ from study.sweep.run import (
     utc_now,
     write_status,
 )
-from study.sweep.spec import Plan, Run
 
 
 # ---- one run as a subprocess ---------------------------------------------------------------------------------

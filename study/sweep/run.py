@@ -23,8 +23,8 @@ from study import tags
 from study.checkpoints import checkpoint_step
 from study.errors import one_line
 from study.report.read import RESULT_STATES, dotted_get, read_json, read_scalars
+from study.sweep.config import Plan, Run
 from study.sweep.lock import RunBusy, RunLock
-from study.sweep.spec import Plan, Run
 
 STATUS_FILE = "status.json"
 FINAL_STATES = RESULT_STATES  # never rerun; "failed" and "running" (interrupted) are resumed

@@ -1,7 +1,7 @@
 """The paper's analyses (Algorithms 1-5 and Lemma 1), vectorised, on any transformers causal LM.
 
 One module per analysis holds its algorithm and its registration (`distance`, `critical`, `separability`,
-`gradient`, `dilution`); `table.ANALYSES` lists them; `rows` holds the row helpers they share.
+`gradient`, `dilution`); `registry.ANALYSES` lists them; `rows` holds the row helpers they share.
 """
 
 from .capture import AttentionCapture, capture_attention, context_length

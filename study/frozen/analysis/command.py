@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=float, nargs="+", default=None,
                    help="temperatures of Alg. 5 (default: 17 values, log-spaced 1e-3 ... 10)")
     p.add_argument("--epsilons", type=float, nargs="+", default=None,
-                   help="probe sizes eps of Alg. 5 (default: 1e-3 0.1 10)")
+                   help="perturbation sizes eps of Alg. 5 (default: 1e-3 0.1 10)")
     p.add_argument("--windows", type=int, default=None,
                    help="analyse K independent windows of L tokens spread over the text (each held-out play for "
                         "'shakespeare'), the replicates of the per-window results (default: one, the text's start)")
@@ -93,7 +93,7 @@ def check_numbers(args) -> None:
         if i < 0:
             raise ConfigError(f"layer indices must be >= 0, got layer {i}")
     if args.analyses is not None:
-        from .table import check_names
+        from .registry import check_names
 
         try:
             check_names(args.analyses)

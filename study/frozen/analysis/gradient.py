@@ -20,7 +20,7 @@ from .registration import Analysis, LayerInput, Settings, plain
 from .rows import ROW_BLOCKS, check_temperatures, flatten_rows
 
 # Bisection steps of the exact Jacobian norm. The monitors' 60 reach float64 resolution unless the row is near
-# one-hot; the probe's lowest temperatures give such rows, whose norm (~ 1 - a_max) is tiny, and 80 halvings keep
+# one-hot; the lowest temperatures give such rows, whose norm (~ 1 - a_max) is tiny, and 80 halvings keep
 # its relative accuracy there.
 JACOBIAN_ITERATIONS = 80
 
@@ -98,8 +98,8 @@ def gradient_sensitivity(logits: torch.Tensor, temperatures: Sequence[float],
 def _layer(settings: Settings, layer: LayerInput) -> dict:
     g = settings.grids
     logits = layer.logits()  # (B, H, L, L)
-    # Softmax layers: the paper's probe. Other normalisers: the same finite-difference probe through the
-    # layer's own map (normaliser and top-k) at each probe temperature.
+    # Softmax layers: the paper's perturbation. Other normalisers: the same finite difference through the
+    # layer's own map (normaliser and top-k) at each temperature.
     cap, index = layer.capture, layer.index
     normalize = None if cap.is_softmax(index) else (lambda z: cap.normalize(index, z))
     probe = gradient_sensitivity(logits, g.temperatures, g.epsilons, seed=settings.seed + index, normalize=normalize)

@@ -1,4 +1,4 @@
-"""The grids `study analyze` evaluates (lengths L, top-N sizes, temperatures T, probe sizes eps), validated once."""
+"""The grids `study analyze` evaluates (lengths L, top-N sizes, temperatures T, perturbation sizes eps), validated once."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Grids:
     critical_ns: list[int]  # Alg. 3's grid of N
     separability_ns: list[int]  # Alg. 4's N
     temperatures: list[float]  # Alg. 5's T
-    epsilons: list[float]  # Alg. 5's probe sizes
+    epsilons: list[float]  # Alg. 5's perturbation sizes
     spectral_rows: torch.Tensor  # rows whose exact Jacobian norm is computed
 
     @property

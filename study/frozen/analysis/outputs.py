@@ -1,5 +1,5 @@
 """What `study analyze` writes: results JSON, a per-head CSV, the claims table, one figure per algorithm and
-(optionally) TensorBoard scalars. Each analysis supplies its own rows, figures and scalars (`table.ANALYSES`)."""
+(optionally) TensorBoard scalars. Each analysis supplies its own rows, figures and scalars (`registry.ANALYSES`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from . import table
+from . import registry
 
 CSV_HEADER = ["analysis", "metric", "layer", "head", "L", "N", "T", "eps", "value"]
 
@@ -20,7 +20,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     paths = {"json": out / "results.json", "csv": out / "per_head.csv", "claims": out / "claims.md"}
     paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False))
     ids = ch.get("layers") or list(range(results["model"]["layers"]))  # per-layer arrays are in this order
-    chosen = table.chosen(results)
+    chosen = registry.chosen(results)
 
     with paths["csv"].open("w", newline="") as f:
         wr = csv.writer(f)
@@ -54,7 +54,7 @@ def write_tensorboard(results: dict, out: Path) -> Path:
 
     writer = SummaryWriter(log_dir=str(out))
     try:
-        for analysis in table.chosen(results):
+        for analysis in registry.chosen(results):
             for tag, value, step in analysis.scalars(results):
                 writer.add_scalar(tag, value, step)
     finally:

@@ -27,7 +27,7 @@ from study.attention import causal_allowed
 from study.attention.normalizers import masked_softmax
 from study.progress import progress
 
-from . import table
+from . import registry
 from .capture import capture_attention, context_length
 from .distance import distance_stats
 from .grids import PAPER_EPSILONS, PAPER_NS, Grids, check_grids
@@ -64,7 +64,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     choices made (vectors, distance reading, alpha values, reconstructions). The longest length is
     input_ids.shape[1]; `lengths` must lie in [1, that]. `layers` restricts the analyses to those layer
     indices (all by default); per-layer arrays follow `choices["layers"]`. `analyses` names the analyses to run
-    (`table.BY_NAME`; all by default). `show_progress` reports each layer with the time left (`study.progress`).
+    (`registry.BY_NAME`; all by default). `show_progress` reports each layer with the time left (`study.progress`).
 
     Only the analysed layers' q, k, v are kept. `one_window_at_a_time`: capture and analyse the text windows (the
     rows of input_ids) one by one and merge them (`registration.merge_windows`: the same results as all at once),
@@ -73,8 +73,8 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
     """
     if vectors not in ("value", "hidden"):
         raise ValueError(f"vectors must be 'value' or 'hidden', got {vectors!r}")
-    names = None if analyses is None else table.check_names(analyses)
-    chosen = list(table.ANALYSES) if names is None else [table.BY_NAME[name] for name in names]
+    names = None if analyses is None else registry.check_names(analyses)
+    chosen = list(registry.ANALYSES) if names is None else [registry.BY_NAME[name] for name in names]
     windowable = all(a.window_keys is not None for a in chosen)
     if one_window_at_a_time and not windowable:
         cannot = [a.name for a in chosen if a.window_keys is None]
@@ -134,7 +134,7 @@ def analyze(model, input_ids: torch.Tensor, *, lengths: Sequence[int] | None = N
         "cpu_seconds_by_step": cpu,
     }
     # Recorded only off the defaults, so that a run of every analysis all at once keeps its layout.
-    if names is not None and len(names) < len(table.BY_NAME):
+    if names is not None and len(names) < len(registry.BY_NAME):
         results["choices"]["analyses"] = names
     if one_window_at_a_time:
         results["choices"]["windows"] = "one at a time, merged (the same numbers as all at once)"
@@ -172,9 +172,9 @@ def _choices(grids: Grids, cap, layers: list[int], *, vectors: str, alphas, mc_s
         "prefixes": "one causal pass at the longest L, sliced (identical to running each prefix)",
         "weights": "each layer's own attention weights: its normaliser, temperature and top-k "
                    "(the spec set by apply_attention_spec; stock softmax at T = 1 without one)",
-        "gradient_probe": "softmax((l + eps v)/T) (the paper's probe)" if all_softmax else
-        "finite differences through each layer's own normaliser and top-k at probe temperature T "
-        "(softmax layers: the paper's softmax probe); the spectral norms are of the softmax Jacobian at "
+        "gradient_probe": "softmax((l + eps v)/T) (the paper's perturbation)" if all_softmax else
+        "finite differences through each layer's own normaliser and top-k at temperature T "
+        "(softmax layers: the paper's softmax perturbation); the spectral norms are of the softmax Jacobian at "
         "the same logits, a reference only for non-softmax layers",
         "reconstructions": ["distance d (sum outside the norm)", "Theorem 1 bound", "closed-form E",
                             "Theorem 2 xi, lower and upper bounds"],
@@ -190,7 +190,7 @@ def _model_summary(cap, layers: list[int], *, batch: int, max_len: int, context:
 
 def compare_with_paper(results: dict) -> list[dict]:
     """The paper's quantitative claims beside our measurement (no verdict: `study report` judges them)."""
-    return [claim for analysis in table.chosen(results) for claim in analysis.claims(results)]
+    return [claim for analysis in registry.chosen(results) for claim in analysis.claims(results)]
 
 
 def benchmark_against_oracle(L: int = 512, *, dim: int = 64, n_top: int = 5, seed: int = 0,

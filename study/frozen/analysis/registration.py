@@ -3,8 +3,8 @@ rows of per_head.csv, its figures, TensorBoard scalars and claims), what it is h
 `LayerInput`), and the helpers the records share.
 
 Each analysis module (`distance.py`, `critical.py`, `separability.py`, `gradient.py`, `dilution.py`) holds its
-algorithm and its `Analysis`; `table.ANALYSES` lists them in the order they run and appear in every output. The
-runner (`protocol.py`) and the writers (`outputs.py`: files and `--tensorboard` scalars) only iterate over that table.
+algorithm and its `Analysis`; `registry.ANALYSES` lists them in the order they run and appear in every output. The
+runner (`protocol.py`) and the writers (`outputs.py`: files and `--tensorboard` scalars) only iterate over that registry.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import math
 import torch
 from torch import Tensor, nn
 
+from study.frozen.probe.ghost_norms import window_gradients, window_losses
 from study.frozen.probe.gradients import LAYER_KINDS, masked_norm, only_grad_for, qk_masks
 from study.frozen.probe.hessian import hessian_qk
 from study.frozen.probe.jacobian import ExplicitPath, RowSampler, jacobian_stats
-from study.frozen.probe.windows import window_gradients, window_losses
 
 WINDOWS_PER_PASS = 10  # windows per batched forward and backward (memory: logits and their gradient, B x L x vocab)
 
@@ -32,7 +32,7 @@ def _mean(values: list[float]) -> float:
 def all_layers(model: nn.Module, windows: Tensor, temperature: float, rows: int, seed: int) -> dict:
     """T in every layer: per window the loss, whole-model norms, per-layer norms of every kind and the residual
     stream; the Jacobian statistics of rows sampled in every layer. Windows run `WINDOWS_PER_PASS` at a time,
-    each its own replicate (`study.frozen.probe.windows`)."""
+    each its own replicate (`study.frozen.probe.ghost_norms`)."""
     from study.attention import AttentionSpec, apply_attention_spec, tapping
 
     generator = torch.Generator().manual_seed(seed)

@@ -1,4 +1,4 @@
-"""Sweep specification (`configs/sweeps/<name>.yaml`) and the plan of runs it expands to.
+"""Sweep configuration (`configs/sweeps/<name>.yaml`) and the plan of runs it expands to.
 
 A sweep is a grid over the axes of `study.sweep.axes` (temperature, top_k, normalizer, seed, learning_rate) on top
 of a base `study fit` config. Each run is
@@ -6,7 +6,7 @@ exactly `study fit --config <base> <overrides> <grid values> <logger/checkpoint 
 kept in the plan, so any run can be reproduced by hand with `study fit <args>`.
 
 Everything is validated here, before any run starts: unknown keys, empty grids, and values the attention spec
-rejects (temperature <= 0, top_k < 1, unknown normaliser) raise `SweepSpecError` naming the problem.
+rejects (temperature <= 0, top_k < 1, unknown normaliser) raise `SweepConfigError` naming the problem.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ GUARD_KEYS = {"enabled", "action", "check_loss", "check_grads", "max_skips", "lo
 CHECKPOINT_KEYS = {"enabled", "every_n_train_steps"}
 
 
-class SweepSpecError(ConfigError):
+class SweepConfigError(ConfigError):
     """A sweep specification that cannot run; raised before any run starts."""
 
 
@@ -166,23 +166,23 @@ def _merge_duplicates(key: str, values: list, notes: list[str]) -> list:
 
 def _check_keys(section: str, given: dict, allowed: set[str]) -> None:
     if not isinstance(given, dict):
-        raise SweepSpecError(f"`{section}` must be a mapping, got {type(given).__name__}")
+        raise SweepConfigError(f"`{section}` must be a mapping, got {type(given).__name__}")
     unknown = sorted(set(given) - allowed)
     if unknown:
-        raise SweepSpecError(f"unknown key(s) {unknown} in `{section}`; allowed: {sorted(allowed)}")
+        raise SweepConfigError(f"unknown key(s) {unknown} in `{section}`; allowed: {sorted(allowed)}")
 
 
 def _check_overrides(section: str, overrides: Any) -> dict[str, Any]:
     overrides = overrides or {}
     if not isinstance(overrides, dict):
-        raise SweepSpecError(f"`{section}` must be a mapping of dotted `study fit` keys to values")
+        raise SweepConfigError(f"`{section}` must be a mapping of dotted `study fit` keys to values")
     for key in overrides:
         if (
             not isinstance(key, str)
             or not key
             or key.split(".")[0] not in ("trainer", "model", "data", "seed_everything")
         ):
-            raise SweepSpecError(
+            raise SweepConfigError(
                 f"`{section}` key {key!r} is not a `study fit` option (expected trainer.*, model.*, data.* or seed_everything)"
             )
     return dict(overrides)
@@ -197,38 +197,38 @@ def _check_callback_overrides(section: str, overrides: dict[str, Any], base_conf
             if callback_override_key(key):
                 check_callback_override(callbacks, key)
         except ValueError as err:
-            raise SweepSpecError(f"`{section}`: {err}") from None
+            raise SweepConfigError(f"`{section}`: {err}") from None
 
 
 def _check_grid(grid: Any, notes: list[str]) -> dict[str, list]:
     if not isinstance(grid, dict) or not grid:
-        raise SweepSpecError("`grid` is empty: give at least one of " + ", ".join(axes.grid_keys()))
+        raise SweepConfigError("`grid` is empty: give at least one of " + ", ".join(axes.grid_keys()))
     _check_keys("grid", grid, set(axes.grid_keys()))
     out: dict[str, list] = {}
     for axis in axes.AXES:
         values = grid.get(axis.key)
         if values is None:
             if axis.key in grid:  # `temperature: null` ran the base config's value, not a grid over anything
-                raise SweepSpecError(f"grid `{axis.key}` is null: give a value or a list (null inside a list, "
+                raise SweepConfigError(f"grid `{axis.key}` is null: give a value or a list (null inside a list, "
                                      f"[null], where the axis allows it), or leave the key out")
             continue
         if not isinstance(values, list):
             values = [values]
         if not values:
-            raise SweepSpecError(f"grid `{axis.key}` is an empty list")
+            raise SweepConfigError(f"grid `{axis.key}` is an empty list")
         values = _merge_duplicates(axis.key, values, notes)
         for value in values:
             try:
                 axis.check(value)
             except ValueError as err:
-                raise SweepSpecError(f"grid `{axis.key}` value {value!r} is invalid: {err}") from None
+                raise SweepConfigError(f"grid `{axis.key}` value {value!r} is invalid: {err}") from None
         out[axis.key] = values
     return out
 
 
 def folder_name(what: str, name: Any) -> str:
     """``name`` if it is one plain folder name (a single path component, not `.`/`..`, no separator, no NUL), so
-    that what is written under it stays inside save_dir; else `SweepSpecError` naming it."""
+    that what is written under it stays inside save_dir; else `SweepConfigError` naming it."""
     text = str(name) if isinstance(name, (str, int, float)) and not isinstance(name, bool) else None
     if (
         not text
@@ -237,7 +237,7 @@ def folder_name(what: str, name: Any) -> str:
         or Path(text).is_absolute()
         or Path(text).name != text
     ):
-        raise SweepSpecError(
+        raise SweepConfigError(
             f"{what} {name!r} is not a plain folder name: it must be one path component inside save_dir "
             "(no '/', '\\', '.' or '..')"
         )
@@ -251,15 +251,15 @@ def _find_file(path: str, spec_path: Path, what: str = "base config") -> Path:
     beside = spec_path.parent / path
     if beside.is_file():
         return beside
-    raise SweepSpecError(f"{what} {path!r} not found (looked in the working directory and beside {spec_path})")
+    raise SweepConfigError(f"{what} {path!r} not found (looked in the working directory and beside {spec_path})")
 
 
 def load_yaml(path: str | Path) -> Any:
-    """`study.errors.load_yaml`, its error a `SweepSpecError` (file:line:column: ...)."""
+    """`study.errors.load_yaml`, its error a `SweepConfigError` (file:line:column: ...)."""
     try:
         return _load_yaml(path)
     except ConfigError as err:
-        raise SweepSpecError(str(err)) from None
+        raise SweepConfigError(str(err)) from None
 
 
 def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] | None:
@@ -274,10 +274,10 @@ def probe_args(section: Any, default_model: str | None, out: Path) -> list[str] 
         temperatures = temperatures if isinstance(temperatures, list) else [temperatures]
         bad = [t for t in temperatures if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0]
         if not temperatures or bad:
-            raise SweepSpecError(f"`probe.temperatures` must be numbers > 0, got {section.get('temperatures')!r}")
+            raise SweepConfigError(f"`probe.temperatures` must be numbers > 0, got {section.get('temperatures')!r}")
     model = section.get("model") or default_model
     if not model:
-        raise SweepSpecError("`probe.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
+        raise SweepConfigError("`probe.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
     # No TensorBoard events: under the sweep's folder they would show as one more run (probe.json and probe.png
     # are what the report reads).
     args = ["--model", str(model), "--out", str(out), "--no-tensorboard"]
@@ -299,7 +299,7 @@ def analyze_args(section: Any, default_model: str | None, out: Path) -> list[str
         return None
     model = section.get("model") or default_model
     if not model:
-        raise SweepSpecError("`analyze.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
+        raise SweepConfigError("`analyze.model` is required when the sweep has no pretraining and neither its overrides nor its base config name a model.model_name_or_path")
     args = ["--model", str(model), "--text", str(section.get("text") or "shakespeare"), "--out", str(out)]
     for key, flag in ANALYZE_OPTIONS.items():
         value = section.get(key)
@@ -314,26 +314,26 @@ def analyze_args(section: Any, default_model: str | None, out: Path) -> list[str
 MERGED_KEYS = ("grid", "overrides")  # under `extends`, merged key by key; every other top-level key is replaced
 
 
-def load_spec(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def load_sweep_config(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The sweep config at `path`; with `extends: <sweep config>` (found as `base` is), that config's keys under
     this one's: `grid` and `overrides` merged axis by axis and key by key, every other key replaced. A replication
     names only what it changes (its grid, its name), so the study it repeats keeps one definition."""
     path = Path(path)
     if not path.is_file():
-        raise SweepSpecError(f"sweep config {str(path)!r} not found")
+        raise SweepConfigError(f"sweep config {str(path)!r} not found")
     spec = load_yaml(path) or {}
     if not isinstance(spec, dict):
-        raise SweepSpecError(f"{path}: a sweep config is a mapping of keys, got {type(spec).__name__}")
+        raise SweepConfigError(f"{path}: a sweep config is a mapping of keys, got {type(spec).__name__}")
     _check_keys("sweep config", spec, TOP_KEYS)
     parent_name = spec.pop("extends", None)
     if parent_name is None:
         return spec
     if not isinstance(parent_name, str):
-        raise SweepSpecError(f"{path}: `extends` must name a sweep config file, got {parent_name!r}")
+        raise SweepConfigError(f"{path}: `extends` must name a sweep config file, got {parent_name!r}")
     parent_path = _find_file(parent_name, path, "sweep config named by `extends`").resolve()
     if parent_path in _seen or parent_path == path.resolve():
-        raise SweepSpecError(f"{path}: `extends` makes a cycle through {parent_path}")
-    parent = load_spec(parent_path, (*_seen, path.resolve()))
+        raise SweepConfigError(f"{path}: `extends` makes a cycle through {parent_path}")
+    parent = load_sweep_config(parent_path, (*_seen, path.resolve()))
     if "base" in parent and "base" not in spec:  # the parent's `base` is found from the parent's folder
         parent["base"] = str(_find_file(parent["base"], parent_path))
     merged = {**parent, **spec}
@@ -349,7 +349,7 @@ def _apply_quick(
     """The spec's `quick` section over the full one: (name, grid, pretrain, probe); `overrides` updated in place."""
     q = spec.get("quick")
     if not q:
-        raise SweepSpecError("--quick given but the sweep config has no `quick` section")
+        raise SweepConfigError("--quick given but the sweep config has no `quick` section")
     _check_keys("quick", q, QUICK_KEYS)
     overrides.update(_check_overrides("quick.overrides", q.get("overrides")))
     grid = {**grid, **(q.get("grid") or {})}
@@ -379,21 +379,21 @@ def _run_sections(spec: dict) -> tuple[dict, dict, list[dict]]:
     _check_keys("checkpoint", checkpoint, CHECKPOINT_KEYS)
     every = checkpoint.get("every_n_train_steps")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise SweepSpecError(f"`checkpoint.every_n_train_steps` must be a positive integer or null, got {every!r}")
+        raise SweepConfigError(f"`checkpoint.every_n_train_steps` must be a positive integer or null, got {every!r}")
     if checkpoint.get("enabled", True) is False and checkpoint.get("every_n_train_steps") is not None:
-        raise SweepSpecError("`checkpoint` sets every_n_train_steps with enabled: false (no checkpoint is written)")
+        raise SweepConfigError("`checkpoint` sets every_n_train_steps with enabled: false (no checkpoint is written)")
     extra_callbacks = spec.get("callbacks") or []
     if not isinstance(extra_callbacks, list) or not all(
         isinstance(c, dict) and "class_path" in c for c in extra_callbacks
     ):
-        raise SweepSpecError("`callbacks` must be a list of {class_path: ..., init_args: {...}} entries")
+        raise SweepConfigError("`callbacks` must be a list of {class_path: ..., init_args: {...}} entries")
     if guard:
         try:
             from study.callbacks.nonfinite import NonFiniteGuard
 
             NonFiniteGuard(**{k: v for k, v in guard.items() if k != "enabled"})
         except (TypeError, ValueError) as err:
-            raise SweepSpecError(f"`guard` is invalid: {err}") from None
+            raise SweepConfigError(f"`guard` is invalid: {err}") from None
     return guard, checkpoint, extra_callbacks
 
 
@@ -412,17 +412,17 @@ def check_run_settings(what: str, resolved: dict) -> None:
     each was accepted silently (or refused only after the model and the data were built)."""
     max_steps = _number(dotted_get(resolved, "trainer.max_steps"))
     if max_steps == 0:
-        raise SweepSpecError(f"{what}: trainer.max_steps 0 trains no step (-1: no step limit)")
+        raise SweepConfigError(f"{what}: trainer.max_steps 0 trains no step (-1: no step limit)")
     interval = dotted_get(resolved, "trainer.val_check_interval")
     if isinstance(interval, int) and not isinstance(interval, bool) and max_steps and max_steps > 0 and interval > max_steps:
-        raise SweepSpecError(f"{what}: trainer.val_check_interval {interval} > trainer.max_steps {int(max_steps)}: the "
+        raise SweepConfigError(f"{what}: trainer.val_check_interval {interval} > trainer.max_steps {int(max_steps)}: the "
                              "run never validates after training (its result would be the step-0 baseline)")
     lr = _number(dotted_get(resolved, "model.learning_rate"))
     if lr is not None and not lr > 0:  # not a number at all: `study fit`'s own parser names it
-        raise SweepSpecError(f"{what}: model.learning_rate must be a positive number, got {lr:g}")
+        raise SweepConfigError(f"{what}: model.learning_rate must be a positive number, got {lr:g}")
     top_k, block = dotted_get(resolved, "model.attention.top_k"), _number(dotted_get(resolved, "data.block_size"))
     if isinstance(top_k, int) and not isinstance(top_k, bool) and block is not None and top_k >= block:
-        raise SweepSpecError(f"{what}: model.attention.top_k {top_k} >= data.block_size {int(block)}: it selects "
+        raise SweepConfigError(f"{what}: model.attention.top_k {top_k} >= data.block_size {int(block)}: it selects "
                              "every key, the same run as top_k null (all)")
 
 
@@ -434,9 +434,9 @@ def build_plan(
 ) -> Plan:
     """Validate the spec and expand it into runs (nothing is created on disk)."""
     spec_path = Path(spec_path)
-    spec = load_spec(spec_path)
+    spec = load_sweep_config(spec_path)
     if "base" not in spec:
-        raise SweepSpecError("`base` (the `study fit` config the runs build on) is missing")
+        raise SweepConfigError("`base` (the `study fit` config the runs build on) is missing")
     base = _find_file(spec["base"], spec_path)
     base_config = load_yaml(base) or {}
     name = folder_name("sweep name", spec.get("name") or spec_path.stem)
@@ -451,25 +451,25 @@ def build_plan(
     grid = _check_grid(grid_in, notes)
     arms = spec.get("arms") or []
     if not isinstance(arms, list) or not all(isinstance(a, dict) and a for a in arms):
-        raise SweepSpecError("`arms` must be a list of grids (each a mapping of axes to values) added beside `grid`")
+        raise SweepConfigError("`arms` must be a list of grids (each a mapping of axes to values) added beside `grid`")
     # An arm is the main grid with some axes replaced (an SGD arm, a learning-rate sweep at two temperatures):
     # its runs add to the main grid's, and its replaced axes name its runs.
     grids = [(grid, set(grid))] + [(_check_grid({**grid_in, **arm}, notes), set(grid) | set(arm)) for arm in arms]
     # An arm may replace an override (its learning rates over the main runs' one); the main grid may not.
     owned = sorted(key for key in overrides if key in {axes.axis(k).option for k in grid})
     if owned:
-        raise SweepSpecError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
+        raise SweepConfigError(f"`overrides` sets {owned}, which the grid varies; put its values in `grid` only")
     passed = passthrough_settings(list(passthrough or []))
     owned = sorted(
         key for key in passed
         if key in {axes.axis(k).option for g, _ in grids for k in g} | SWEEP_OWNED or key.startswith("trainer.callbacks.")
     )
     if owned:
-        raise SweepSpecError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
+        raise SweepConfigError(f"extra arguments set {owned}, which the sweep sets per run (the grid, its logger and "
                              "callbacks); change the spec instead")
     root = save_dir or spec.get("save_dir") or "logs"
     if not isinstance(root, str):
-        raise SweepSpecError(f"`save_dir` must be one folder path, got {root!r}")
+        raise SweepConfigError(f"`save_dir` must be one folder path, got {root!r}")
     sweep_dir = Path(root) / name
     run_args = RunArgs(base, base_config, *_run_sections(spec), list(passthrough or []))
     args_for = run_args.args
@@ -504,12 +504,12 @@ def build_plan(
         args, resolved = args_for(run_dir, settings)
         # cannot happen with exact names; never let two runs share a folder silently
         if any(r.name == rname for r in runs):
-            raise SweepSpecError(f"two runs would share the folder {run_dir}")
+            raise SweepConfigError(f"two runs would share the folder {run_dir}")
         check_run_settings(f"run {rname}", resolved)
         runs.append(Run(index, rname, run_dir, params, args, resolved, run_dependencies(base, resolved, sweep_dir)))
     threads = spec.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise SweepSpecError(f"`threads` must be null or a positive integer, got {threads!r}")
+        raise SweepConfigError(f"`threads` must be null or a positive integer, got {threads!r}")
     model = pretrained_path or overrides.get("model.model_name_or_path") or dotted_get(base_config, "model.model_name_or_path")
     probe = probe_args(probe_spec, model, sweep_dir / "probe")
     analyze = analyze_args(_quick_analyze(spec) if quick else spec.get("analyze"), model, sweep_dir / "analyze")

@@ -3,7 +3,7 @@ figures, the TensorBoard scalars and claims.md.
 
 To add an analysis: a module holding its algorithm and its `Analysis` record (`registration.py` says what each
 field does; `dilution.py` is the smallest example), and its line here. `protocol.py` and `outputs.py` iterate over this
-table and need no change; a new grid or command-line option also touches `grids.py` and `command.py`.
+registry and need no change; a new grid or command-line option also touches `grids.py` and `command.py`.
 """
 
 from .critical import CRITICAL
@@ -20,13 +20,13 @@ ANALYSES = (
     DILUTION,  # Lemma 1: max weight and n * min / max weight against the visible count
 )
 
-# The names `study analyze --analyses` takes, in the table's order.
+# The names `study analyze --analyses` takes, in the registry's order.
 BY_NAME = {"distance": DISTANCE, "critical": CRITICAL, "separability": SEPARABILITY, "gradient": GRADIENT,
            "dilution": DILUTION}
 
 
 def check_names(names) -> list[str]:
-    """The analyses named (in the table's order), or ValueError naming the bad value and the choices."""
+    """The analyses named (in the registry's order), or ValueError naming the bad value and the choices."""
     names = list(names)
     if not names:
         raise ValueError(f"no analysis named; choose among {', '.join(BY_NAME)}")

@@ -126,15 +126,15 @@ def test_a_learning_rate_sweeps_page_leads_with_its_own_findings(tmp_path):
     assert "each at 99.17%" in block
 
 
-def test_the_from_scratch_studys_page_is_its_committed_results():
-    """docs/results/scratch.md's tables (the learning-rate section, then the scorecard) are what its committed
-    report (scratch.json) renders to, and the page shows the section's two figures."""
-    page, results = ROOT / "docs" / "results" / "scratch.md", ROOT / "docs" / "results" / "scratch.json"
-    if not results.is_file():
-        pytest.skip("the from-scratch study's report is not committed")
+@pytest.mark.parametrize("study", ["scratch", "scratch-replication"])
+def test_the_from_scratch_studys_page_is_its_committed_results(study):
+    """docs/results/<study>.md's tables (the learning-rate section, then the scorecard) are what its committed
+    report (<study>.json) renders to, and the page shows the section's two figures."""
+    page, results = ROOT / "docs" / "results" / f"{study}.md", ROOT / "docs" / "results" / f"{study}.json"
+    assert results.is_file() and page.is_file(), f"the {study} study's committed report or page is missing"
     assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (
-        "docs/results/scratch.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
+        f"docs/results/{study}.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
     text = page.read_text()
-    assert begin_marker("docs/results/scratch.json") in text and "#### Learning-rate curves (from scratch)" in text
-    for figure in ("scratch/lr_curves.png", "scratch/lr_max_logit.png"):
+    assert begin_marker(f"docs/results/{study}.json") in text and "#### Learning-rate curves (from scratch)" in text
+    for figure in (f"{study}/lr_curves.png", f"{study}/lr_max_logit.png"):
         assert f"({figure})" in text and (page.parent / figure).stat().st_size > 1000

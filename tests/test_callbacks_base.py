@@ -1,0 +1,45 @@
+"""docs/architecture.md's "A monitor" recipe, executed: a `TapMonitor` subclass written outside the package (one
+class, its own tag) taps every attention call on logging steps and in validation, and its value is the closed form."""
+
+import pytest
+import torch
+
+from study.callbacks.base import Sums, TapMonitor
+from tests.callback_helpers import make_trainer, scalars, token_loader
+
+L_SEQ = 16
+
+
+class MeanMaxWeightMonitor(TapMonitor):
+    """The largest weight of each row, averaged over rows and heads: a user's own monitor, nothing registered."""
+
+    def summarize(self, layer, weights, allowed, spec):
+        heads = (0, 2)  # sum over the batch and the rows, per head; rows may come in blocks
+        rows = torch.full((weights.shape[1],), weights.shape[0] * weights.shape[2], dtype=torch.float64)
+        return {"max_weight": weights.amax(dim=-1).to(torch.float64).sum(heads), "rows": rows}
+
+    def compute(self, sums: Sums, phase, trainer, pl_module):
+        return {f"custom/mean_max_weight/layer_{layer}": (s["max_weight"] / s["rows"]).mean()
+                for layer, s in sorted(sums.items())}
+
+
+def test_a_monitor_is_one_subclass_and_logs_the_closed_form(tmp_path):
+    """Zero queries make causal attention uniform: row t's largest weight is 1/(t + 1), in every layer and head."""
+    from study.model import CausalLMModule
+
+    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
+    with torch.no_grad():
+        for block in module.model.transformer.h:
+            block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
+            block.attn.c_attn.bias[:32] = 0
+    trainer = make_trainer(tmp_path, [MeanMaxWeightMonitor(every_n_steps=2)], max_steps=3)
+    trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1))
+
+    expected = sum(1 / (t + 1) for t in range(L_SEQ)) / L_SEQ
+    logged = scalars(tmp_path)
+    for layer in (0, 1):
+        train = logged[f"custom/mean_max_weight/layer_{layer}"]
+        assert [step for step, _ in train] == [0, 2]  # every_n_steps=2 from step 0; the run's last step is 2
+        assert all(value == pytest.approx(expected, rel=1e-5) for _, value in train)
+        # validation at the end of fit, at the step of the last update (the one its model has taken)
+        assert logged[f"val/custom/mean_max_weight/layer_{layer}"] == [(2, pytest.approx(expected, rel=1e-5))]

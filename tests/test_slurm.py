@@ -117,6 +117,7 @@ def slurm(tmp_path_factory):
             _stop(munge_pid)
 
 
+@pytest.mark.slow
 def test_slurm_sweep_script_end_to_end_on_cpu(slurm, tmp_path):
     spec = write_spec(
         tmp_path,

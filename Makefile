@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   builds .venv and runs the main job on the embedded offline default
-#   make test   builds .venv and runs the unit and fast integration tests (about a minute on 2 cores)
+#   make test   builds .venv and runs the unit and fast integration tests (under a minute on 2 cores)
 #   make test-all  every test, the slow integration tests too (what CI runs)
 VENV ?= .venv
 PYTHON ?= python3

@@ -170,3 +170,23 @@ def test_docs_architecture_table_matches_the_layers_and_the_imports():
                     for m in GRAPH[name] if _unit(m) not in (f"study.{unit}", "study")}
         named = set() if listed.strip() == "nothing" else {w.strip() for w in listed.split(",")}
         assert imported <= named | {"the verbs"}, f"study/{unit}: imports {sorted(imported - named)}, not in the table"
+
+
+def test_each_recipe_of_docs_architecture_is_executed_by_a_test_it_names():
+    """Each "Where to add things" recipe names the test that builds that extension outside the package's own lists
+    (a normaliser, a monitor, an analysis, a sweep axis added in the test alone); the named test must exist, so the
+    file counts the page gives are what that test needed."""
+    import ast
+    import re
+
+    root = PACKAGE.parent
+    page = (root / "docs" / "architecture.md").read_text()
+    recipes = re.split(r"^### ", page.split("## Where to add things", 1)[1], flags=re.M)[1:]
+    assert [r.split(" (")[0] for r in recipes] == ["A normaliser", "A monitor", "An analysis", "A sweep axis"]
+    for recipe in recipes:
+        named = re.findall(r"Executed: `(tests/[\w/]+\.py)::(test_\w+)`", recipe)
+        assert named, f"the recipe {recipe.splitlines()[0]!r} names no test that executes it"
+        for path, function in named:
+            tree = ast.parse((root / path).read_text())
+            tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+            assert function in tests, f"{path} has no {function} (named by the recipe {recipe.splitlines()[0]!r})"

@@ -18,6 +18,7 @@ from study.bench import (
     to_markdown,
     write,
 )
+from study.bench.shapes import MONITOR_NAMES
 
 TINY = Shape("tiny", n_layer=1, n_head=2, n_embd=16, vocab_size=64, batch_size=2, seq_len=16)
 
@@ -60,6 +61,7 @@ def test_quick_core_on_a_tiny_model(tmp_path, capsys):
     if monitors:  # appear as soon as study.callbacks has the monitors
         assert {row["monitor_every"] for row in monitors} == {1, 50}
         assert any(b["budget"].startswith("monitors every 50") for b in model["budgets"])
+        assert all(row["monitors"] == list(MONITOR_NAMES) for row in monitors)
     else:
         assert any("study.callbacks lacks" in note for note in loaded["notes"])
     (analysis,) = loaded["analysis"]
@@ -76,6 +78,26 @@ def test_arguments():
     full = settings_from_args(parse_args(["--top-k", "8", "--peak-flops", "1e12"]))
     assert [s.name for s in full.shapes] == ["small", "gpt2-vocab"] and full.top_ks == (8,) and full.peak_flops == 1e12
     assert SHAPES["small"].vocab_size == 8192 and SHAPES["gpt2-vocab"].vocab_size == 50257
+    assert not full.per_monitor and settings_from_args(parse_args(["--per-monitor"])).per_monitor
+
+
+def test_per_monitor_variants_run_one_monitor_each_and_are_not_budgeted():
+    """`--per-monitor`: each monitor alone, logging every step, beside all of them; the budgets judge all of them."""
+    from study.bench.budgets import budgets
+    from study.bench.shapes import monitor_classes, variants
+    from study.bench.timing import monitor_callbacks
+
+    settings = Settings(shapes=[TINY], per_monitor=True)
+    classes, _ = monitor_classes()
+    alone = [v for v in variants(settings, True) if v.monitors]
+    assert [(v.name, v.monitors, v.monitor_every) for v in alone] == [
+        (f"T=0.5 + {name} every 1", (name,), 1) for name in MONITOR_NAMES]
+    for v in alone:
+        assert [type(c).__name__ for c in monitor_callbacks(classes, v.monitor_every, v.monitors)] == list(v.monitors)
+    assert [type(c).__name__ for c in monitor_callbacks(classes, 1)] == list(MONITOR_NAMES)
+    assert not [v for v in variants(Settings(shapes=[TINY]), True) if v.monitors]  # off by default
+    rows = [{"name": v.name, "time": {"step_s": 1.0}, "memory": {"peak_bytes": 1}} for v in variants(settings, True)]
+    assert not {b["variant"] for b in budgets(rows, settings)} & {v.name for v in alone}
 
 
 def test_cli_verb_is_registered():

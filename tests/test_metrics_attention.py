@@ -336,6 +336,13 @@ def test_by_visible_sums_match_brute_force():
             expected["by_n/normalized_entropy"][hi, bin_] += brute_row(a, n, ())["entropy"] / math.log(n)
     for key, value in sums.items():
         torch.testing.assert_close(value, expected[key], atol=1e-5, rtol=1e-5)
+    # The selection monitor takes them from `summarize_rows` (one masked copy, entropy and maximum for both).
+    from study.metrics import summarize_rows
+
+    together = summarize_rows(weights, allowed, by_visible=True)
+    assert summarize_rows(weights, allowed).keys() | sums.keys() == together.keys()
+    for key, value in sums.items():
+        torch.testing.assert_close(together[key], value, atol=0, rtol=0)
 
 
 def test_selection_entropy_is_monotone_in_k_for_a_fixed_row_and_log_k_when_uniform():

@@ -36,6 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "on one H100/H200); with --device cpu and --models it checks the structure")
     parser.add_argument("--parity", action="store_true", help="also check every path against stock (on by "
                         "default with --gpu-suite)")
+    parser.add_argument("--per-monitor", action="store_true",
+                        help="also time each monitor alone, logging every step (one variant each): what each adds "
+                             "to a logging step")
     parser.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a "
                         "line per timing round and per variant's memory pass, with the time left)")
     parser.add_argument("--analysis-length", default=None, help="comma-separated L for the oracle comparison (default 512; quick 256)")
@@ -130,6 +133,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         precision=args.precision or ("bf16-mixed" if args.gpu_suite or args.device.startswith("cuda") else "32-true"),
         parity=args.parity or args.gpu_suite,
         fresh_process=not args.in_process,
+        per_monitor=args.per_monitor,
     )
 
 

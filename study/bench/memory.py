@@ -113,6 +113,6 @@ def measure_memory(shape: Shape, variant: Variant, settings: Settings, classes: 
     peak = PeakMemory(step=2)
     module = build_module(shape, variant)
     every = None if variant.monitor_every is None else 1  # tap on the profiled step
-    trainer = bench_trainer(settings, 3, peak.around(monitor_callbacks(classes, every)), log_dir)
+    trainer = bench_trainer(settings, 3, peak.around(monitor_callbacks(classes, every, variant.monitors)), log_dir)
     trainer.fit(module, train_dataloaders=random_loader(shape, 3))
     return peak.result

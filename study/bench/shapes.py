@@ -56,6 +56,7 @@ class Variant:
     implementation: str  # sdpa | eager | study
     spec: dict = field(default_factory=dict)  # AttentionSpec keywords
     monitor_every: int | None = None
+    monitors: tuple[str, ...] = ()  # the monitor classes it runs, by name; () for every one (MONITOR_NAMES)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Settings:
     normalizers: tuple[str, ...] = ("sparsemax", "entmax15", "entmax", "ssmax", "self_adjust")
     temperature: float = 0.5
     monitor_every: tuple[int, ...] = (1, 50)
+    per_monitor: bool = False  # also each monitor alone, logging every step: what each adds to a logging step
     # Shapes with a large vocabulary (4-6x slower steps) run this fraction of the rounds and chunk.
     large_vocab_fraction: float = 0.5
     analysis_lengths: tuple[int, ...] = (512,)
@@ -93,6 +95,12 @@ def variants(settings: Settings, monitors_available: bool) -> list[Variant]:
             Variant(f"T={settings.temperature} + monitors every {n}", "monitors", "study",
                     {"temperature": settings.temperature}, monitor_every=n)
             for n in settings.monitor_every
+        ]
+    if monitors_available and settings.per_monitor:
+        out += [
+            Variant(f"T={settings.temperature} + {name} every 1", "monitors", "study", {"temperature": settings.temperature},
+                    monitor_every=1, monitors=(name,))
+            for name in MONITOR_NAMES
         ]
     return out
 

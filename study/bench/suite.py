@@ -99,7 +99,7 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
                     timed = time_variants(shape, vs, settings, classes, log_root, tick=bar.advance)
             warmup = 0 if timed.get("warmup_dropped") else settings.warmup
             params = sum(p.numel() for p in build_module(shape, vs[0]).parameters())
-            every_step = next((v.name for v in vs if v.monitor_every == 1), None)
+            every_step = next((v.name for v in vs if v.monitor_every == 1 and not v.monitors), None)
             fallback = None
             if every_step and timed["records"][every_step][warmup:]:
                 fallback = statistics.median(t for t, _ in timed["records"][every_step][warmup:])
@@ -107,6 +107,7 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
             for v in vs:
                 row = {"name": v.name, "group": v.group, "implementation": v.implementation, "spec": v.spec,
                        "monitor_every": v.monitor_every,
+                       "monitors": [c.__name__ for c in classes if v.monitor_every and (not v.monitors or c.__name__ in v.monitors)],
                        "time": summarise_times(timed["records"][v.name], warmup, v.monitor_every, fallback)}
                 if v.name in timed["errors"]:
                     row["error"] = timed["errors"][v.name]

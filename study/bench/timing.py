@@ -145,9 +145,11 @@ def bench_trainer(settings: Settings, steps: int, callbacks: list, log_dir: str)
     )
 
 
-def monitor_callbacks(classes: list[type], every: int | None) -> list:
-    """One of each monitor class logging every ``every`` steps; none for ``every=None``."""
-    return [] if every is None else [cls(every_n_steps=every) for cls in classes]
+def monitor_callbacks(classes: list[type], every: int | None, only: tuple[str, ...] = ()) -> list:
+    """One of each monitor class (of those named in ``only``, if given) logging every ``every`` steps; none for
+    ``every=None``."""
+    chosen = [cls for cls in classes if not only or cls.__name__ in only]
+    return [] if every is None else [cls(every_n_steps=every) for cls in chosen]
 
 
 def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: list[type], log_root: str,
@@ -174,7 +176,7 @@ def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: 
             module = build_module(shape, variant)
             timer = _step_timer(variant.name, baton, settings.warmup, settings.chunk)
             log_dir = os.path.join(log_root, f"{shape.name}-{len(records)}-{abs(hash(variant.name))}")
-            trainer = bench_trainer(settings, steps, timer.around(monitor_callbacks(classes, variant.monitor_every)), log_dir)
+            trainer = bench_trainer(settings, steps, timer.around(monitor_callbacks(classes, variant.monitor_every, variant.monitors)), log_dir)
             try:
                 trainer.fit(module, train_dataloaders=random_loader(shape, steps))
             finally:
@@ -209,7 +211,7 @@ def time_one_at_a_time(shape: Shape, vs: list[Variant], settings: Settings, clas
                 module = build_module(shape, variant)
                 log_dir = os.path.join(log_root, f"{shape.name}-{round_index}-{abs(hash(variant.name))}")
                 trainer = bench_trainer(settings, settings.warmup + settings.chunk,
-                                   timer.around(monitor_callbacks(classes, variant.monitor_every)), log_dir)
+                                   timer.around(monitor_callbacks(classes, variant.monitor_every, variant.monitors)), log_dir)
                 trainer.fit(module, train_dataloaders=random_loader(shape, settings.warmup + settings.chunk))
             except BaseException:  # reported per variant, the others go on
                 errors[variant.name] = traceback.format_exc(limit=4)

@@ -23,7 +23,7 @@ from study.callbacks.base import (
     tensorboard_writers,
 )
 from study.callbacks.layers import LayerChoice
-from study.metrics import VISIBLE_BINS, by_visible_sums, entropy_sums, finalize, summarize_rows
+from study.metrics import VISIBLE_BINS, entropy_sums, finalize, summarize_rows
 
 
 def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
@@ -192,11 +192,9 @@ class SelectionUniformityMonitor(TapMonitor):
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         rows = row_distribution(weights, spec)
-        sums = summarize_rows(rows, allowed, selection_ks=self.selection_ks)
-        sums.pop("entropy")
+        sums = summarize_rows(rows, allowed, selection_ks=self.selection_ks, by_visible=self.by_visible)
+        sums.pop("entropy")  # the entropy monitor's
         sums.pop("normalized_entropy")
-        if self.by_visible:
-            sums.update(by_visible_sums(rows, allowed))
         return sums
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:

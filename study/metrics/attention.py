@@ -184,13 +184,17 @@ def by_visible_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     one-hot (B, H, Lq, 16) product per call: meant for logging steps.
     """
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+    return _by_visible(n, valid, w.amax(-1), row_entropy(w) / log_n.clamp(min=math.log(2)), nondegenerate)
+
+
+def _by_visible(n: Tensor, valid: Tensor, max_weight: Tensor, h_norm: Tensor, nondegenerate: Tensor) -> dict[str, Tensor]:
+    """`by_visible_sums` from per-row values already computed (`summarize_rows` has them)."""
     onehot = F.one_hot(visible_bin(n), VISIBLE_BINS).to(torch.float64)  # (B, H, Lq, bins)
     onehot = onehot * valid.unsqueeze(-1)
-    entropy = row_entropy(w)
-    h_norm = torch.where(nondegenerate, entropy / log_n.clamp(min=math.log(2)), 0.0)
+    h_norm = torch.where(nondegenerate, h_norm, 0.0)
     return {
         "by_n/rows": onehot.sum((0, 2)),
-        "by_n/max_weight": (onehot * w.amax(-1).to(torch.float64).unsqueeze(-1)).sum((0, 2)),
+        "by_n/max_weight": (onehot * max_weight.to(torch.float64).unsqueeze(-1)).sum((0, 2)),
         "by_n/normalized_entropy": (onehot * h_norm.to(torch.float64).unsqueeze(-1)).sum((0, 2)),
     }
 
@@ -302,7 +306,9 @@ def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     return _head_sums(per_row, valid, nondegenerate)
 
 
-def summarize_rows(weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16)) -> dict[str, Tensor]:
+def summarize_rows(
+    weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16), by_visible: bool = False
+) -> dict[str, Tensor]:
     """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
 
     Sums (not means) so that calls over several batches, layers or processes can be added and divided once
@@ -312,7 +318,8 @@ def summarize_rows(weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ..
     rows_nondegenerate    rows with n >= 2 (the divisor of normalized_entropy)
     entropy, normalized_entropy, kl_uniform, tv_uniform, max_weight, effective_support, nonzero,
     saturated             1 for rows whose max weight exceeds SATURATED (0.99), so its mean is a fraction,
-    topk_mass/{k}, selection_tv/{k}, selection_entropy/{k}  for each k in `selection_ks`.
+    topk_mass/{k}, selection_tv/{k}, selection_entropy/{k}  for each k in `selection_ks`;
+    with ``by_visible``, also `by_visible_sums`'s ``by_n/...`` (from the same copy, entropy and maxima).
 
     Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
     topk with the largest k whose values serve every k.
@@ -346,7 +353,10 @@ def summarize_rows(weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ..
         per_row[f"selection_tv/{k}"] = (_selection_tv_from_sorted(top, cum, n, k), valid)
         per_row[f"selection_entropy/{k}"] = (_selection_entropy_from_sorted(top, cum, n, k), valid)
 
-    return _head_sums(per_row, valid, nondegenerate)
+    sums = _head_sums(per_row, valid, nondegenerate)
+    if by_visible:
+        sums.update(_by_visible(n, valid, top[..., 0], per_row["normalized_entropy"][0], nondegenerate))
+    return sums
 
 
 def finalize(sums: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -156,3 +156,16 @@ def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar tag -> [(step, value), ...] in write order."""
     acc = events(root)
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def uniform_attention_gpt2():
+    """A 2-layer GPT-2 module (width 32, 2 heads, learning rate 0) whose queries are zero: every causal row is
+    uniform over its visible keys, so row t's weights are 1/(t + 1), in every layer and head."""
+    from study.model import CausalLMModule
+
+    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
+    with torch.no_grad():
+        for block in module.model.transformer.h:
+            block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
+            block.attn.c_attn.bias[:32] = 0
+    return module

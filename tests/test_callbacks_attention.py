@@ -18,7 +18,15 @@ from study.callbacks import (
     draw_attention_map,
 )
 from study.callbacks import maps as maps_module
-from tests.callback_helpers import LlamaModule, PlainAttention, events, make_trainer, scalars, token_loader
+from tests.callback_helpers import (
+    LlamaModule,
+    PlainAttention,
+    events,
+    make_trainer,
+    scalars,
+    token_loader,
+    uniform_attention_gpt2,
+)
 
 L_SEQ = 16
 
@@ -30,13 +38,7 @@ def causal_uniform_entropy(length: int) -> float:
 
 def test_uniform_attention_gpt2(tmp_path):
     """Zero queries in GPT-2 (q part of c_attn): normalised entropy 1, KL and TV to uniform 0, exact entropy."""
-    from study.model import CausalLMModule
-
-    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
-    with torch.no_grad():
-        for block in module.model.transformer.h:
-            block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
-            block.attn.c_attn.bias[:32] = 0
+    module = uniform_attention_gpt2()
     monitors = [
         AttentionEntropyMonitor(every_n_steps=1),
         SelectionUniformityMonitor(every_n_steps=1, selection_ks=(1, 4)),

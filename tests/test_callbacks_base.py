@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from study.callbacks.base import Sums, TapMonitor
-from tests.callback_helpers import make_trainer, scalars, token_loader
+from tests.callback_helpers import make_trainer, scalars, token_loader, uniform_attention_gpt2
 
 L_SEQ = 16
 
@@ -25,13 +25,7 @@ class MeanMaxWeightMonitor(TapMonitor):
 
 def test_a_monitor_is_one_subclass_and_logs_the_closed_form(tmp_path):
     """Zero queries make causal attention uniform: row t's largest weight is 1/(t + 1), in every layer and head."""
-    from study.model import CausalLMModule
-
-    module = CausalLMModule(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64, learning_rate=0.0)
-    with torch.no_grad():
-        for block in module.model.transformer.h:
-            block.attn.c_attn.weight[:, :32] = 0  # Conv1D (in, 3d): columns [q | k | v]
-            block.attn.c_attn.bias[:32] = 0
+    module = uniform_attention_gpt2()
     trainer = make_trainer(tmp_path, [MeanMaxWeightMonitor(every_n_steps=2)], max_steps=3)
     trainer.fit(module, token_loader(length=L_SEQ), token_loader(length=L_SEQ, seed=1))
 

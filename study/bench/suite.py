@@ -18,7 +18,13 @@ from study.bench.budgets import budgets, ratio_or_none
 from study.bench.memory import measure_memory
 from study.bench.parity import check_parity
 from study.bench.shapes import Settings, monitor_classes, variants
-from study.bench.timing import build_module, summarise_times, time_one_at_a_time, time_variants
+from study.bench.timing import (
+    build_module,
+    chosen_monitors,
+    summarise_times,
+    time_one_at_a_time,
+    time_variants,
+)
 from study.progress import Progress
 from study.resident import in_fresh_process
 
@@ -107,7 +113,7 @@ def run_benchmark(settings: Settings, progress=print, on_model=None, show_progre
             for v in vs:
                 row = {"name": v.name, "group": v.group, "implementation": v.implementation, "spec": v.spec,
                        "monitor_every": v.monitor_every,
-                       "monitors": [c.__name__ for c in classes if v.monitor_every and (not v.monitors or c.__name__ in v.monitors)],
+                       "monitors": [c.__name__ for c in chosen_monitors(classes, v.monitor_every, v.monitors)],
                        "time": summarise_times(timed["records"][v.name], warmup, v.monitor_every, fallback)}
                 if v.name in timed["errors"]:
                     row["error"] = timed["errors"][v.name]

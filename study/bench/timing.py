@@ -145,11 +145,14 @@ def bench_trainer(settings: Settings, steps: int, callbacks: list, log_dir: str)
     )
 
 
+def chosen_monitors(classes: list[type], every: int | None, only: tuple[str, ...] = ()) -> list[type]:
+    """The monitor classes a variant runs: those named in ``only`` (every one if empty); none for ``every=None``."""
+    return [] if every is None else [cls for cls in classes if not only or cls.__name__ in only]
+
+
 def monitor_callbacks(classes: list[type], every: int | None, only: tuple[str, ...] = ()) -> list:
-    """One of each monitor class (of those named in ``only``, if given) logging every ``every`` steps; none for
-    ``every=None``."""
-    chosen = [cls for cls in classes if not only or cls.__name__ in only]
-    return [] if every is None else [cls(every_n_steps=every) for cls in chosen]
+    """One of each of `chosen_monitors`, logging every ``every`` steps."""
+    return [cls(every_n_steps=every) for cls in chosen_monitors(classes, every, only)]
 
 
 def time_variants(shape: Shape, vs: list[Variant], settings: Settings, classes: list[type], log_root: str,

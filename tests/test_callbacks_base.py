@@ -37,3 +37,37 @@ def test_a_monitor_is_one_subclass_and_logs_the_closed_form(tmp_path):
         assert all(value == pytest.approx(expected, rel=1e-5) for _, value in train)
         # validation at the end of fit, at the step of the last update (the one its model has taken)
         assert logged[f"val/custom/mean_max_weight/layer_{layer}"] == [(2, pytest.approx(expected, rel=1e-5))]
+
+
+def test_call_entropy_sums_are_computed_once_per_call_and_keep_no_weights_alive():
+    """The entropy monitor and the collapse alert share one call's entropy sums: the second asker gets the
+    first one's values, a new tensor or another spec is a new call, and the memo holds no tensor alive."""
+    import gc
+    import weakref
+    from unittest import mock
+
+    from study.attention import AttentionSpec
+    from study.callbacks import base
+    from study.metrics import entropy_sums
+
+    torch.manual_seed(0)
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    weights = torch.randn(2, 3, 5, 5).masked_fill(~allowed, -torch.inf).softmax(-1)
+    spec = AttentionSpec()
+    with mock.patch.object(base, "entropy_sums", wraps=entropy_sums) as computed:
+        first = base.call_entropy_sums(weights, allowed, spec)
+        second = base.call_entropy_sums(weights, allowed, spec)
+        assert computed.call_count == 1
+        expected = entropy_sums(weights, allowed)
+        assert first.keys() == second.keys() == expected.keys()
+        for key in expected:
+            assert torch.equal(first[key], expected[key]) and torch.equal(second[key], expected[key])
+        other = weights.clone()
+        base.call_entropy_sums(other, allowed, spec)
+        assert computed.call_count == 2  # same values, another tensor: another call
+        base.call_entropy_sums(other, allowed, AttentionSpec(temperature=0.5))
+        assert computed.call_count == 3
+    gone = weakref.ref(other)
+    del other, computed  # the mock's call records hold the arguments too
+    gc.collect()
+    assert gone() is None  # the memo did not keep the last call's weights

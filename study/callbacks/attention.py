@@ -17,13 +17,14 @@ from study.attention import AttentionSpec
 from study.callbacks.base import (
     Sums,
     TapMonitor,
+    call_entropy_sums,
     layer_spread,
     nanmean,
     row_distribution,
     tensorboard_writers,
 )
 from study.callbacks.layers import LayerChoice
-from study.metrics import VISIBLE_BINS, entropy_sums, finalize, summarize_rows
+from study.metrics import VISIBLE_BINS, finalize, summarize_rows
 
 
 def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
@@ -97,7 +98,7 @@ class AttentionEntropyMonitor(TapMonitor):
         self.histogram = histogram
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        return entropy_sums(row_distribution(weights, spec), allowed)
+        return call_entropy_sums(weights, allowed, spec)
 
     def _per_head(self, sums: Sums) -> dict[str, dict[int, Tensor]]:
         means = {layer: finalize(s) for layer, s in sums.items()}

@@ -21,6 +21,8 @@ lengths).
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from contextlib import ExitStack
 from typing import Any
 
@@ -34,7 +36,7 @@ from typing_extensions import override
 from study import tags
 from study.attention import NORMALIZERS, AttentionSpec, tapping
 from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
-from study.metrics import as_distribution
+from study.metrics import as_distribution, entropy_sums
 
 Sums = dict[int, dict[str, Tensor]]
 
@@ -328,6 +330,32 @@ def row_distribution(weights: Tensor, spec: AttentionSpec) -> Tensor:
     """The weights as a distribution over keys: unchanged for normalisers whose rows sum to 1, otherwise
     |w| / sum |w| (Self-Adjust Softmax), so that entropy and distances to uniform stay defined."""
     return weights if NORMALIZERS[spec.normalizer].sums_to_one else as_distribution(weights)
+
+
+class _LastCall(threading.local):
+    """The last tapped call whose entropy sums were computed (one per thread: the bench fits in threads)."""
+
+    key: tuple[weakref.ref, weakref.ref, AttentionSpec] | None = None
+    sums: dict[str, Tensor] | None = None
+
+
+_last_call = _LastCall()
+
+
+def call_entropy_sums(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+    """`entropy_sums` of one tapped call's row distribution, computed once however many monitors ask for it.
+
+    The entropy monitor and the collapse alert need the same sums, and `study.attention.tap.notify` hands every
+    tap the same tensors for a call, so the second asker reads the first one's result. The call is recognised
+    by the identity of its tensors, held weakly (a weights tensor freed and another allocated at its address is
+    a new call, never a stale hit) so the memo keeps no activation alive.
+    """
+    key = _last_call.key
+    if key is not None and key[0]() is weights and key[1]() is allowed and key[2] == spec:
+        return dict(_last_call.sums)
+    sums = entropy_sums(row_distribution(weights, spec), allowed)
+    _last_call.key, _last_call.sums = (weakref.ref(weights), weakref.ref(allowed), spec), sums
+    return dict(sums)
 
 
 def nanmean(values: Tensor) -> Tensor:

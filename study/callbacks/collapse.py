@@ -26,9 +26,9 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
-from study.callbacks.base import TRAIN, Sums, TapMonitor, row_distribution, tensorboard_writers
+from study.callbacks.base import TRAIN, Sums, TapMonitor, call_entropy_sums, tensorboard_writers
 from study.callbacks.layers import LayerChoice
-from study.metrics import entropy_sums, finalize
+from study.metrics import finalize
 
 ACTIONS = ("warn", "stop")
 
@@ -96,7 +96,7 @@ class EntropyCollapseAlert(TapMonitor):
         return f"fell by {self.factor:g}x" + (f" and by {self.min_drop:g}" if self.min_drop else "")
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-        return entropy_sums(row_distribution(weights, spec), allowed)
+        return call_entropy_sums(weights, allowed, spec)
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
         if phase != TRAIN or not sums:

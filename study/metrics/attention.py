@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,8 +179,8 @@ def by_visible_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     and the normalised entropy change with n is the dilution of the paper's Lemma 1 (max weight ~ 1/n for a
     length-independent normaliser), measured on the trained model's own rows. Returns float64 tensors shaped
     (H, VISIBLE_BINS): ``by_n/rows``, ``by_n/max_weight`` and ``by_n/normalized_entropy`` (bin 0 holds the n = 1
-    rows, whose normalised entropy is 0 / 0 and is left at 0). Bins are powers of two, so the cost is one
-    one-hot (B, H, Lq, 16) product per call: meant for logging steps.
+    rows, whose normalised entropy is 0 / 0 and is left at 0). Bins are powers of two; each statistic is one
+    scatter-add of the rows into their bins.
     """
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
     return _by_visible(n, valid, w.amax(-1), row_entropy(w) / log_n.clamp(min=math.log(2)), nondegenerate)
@@ -189,13 +188,19 @@ def by_visible_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
 
 def _by_visible(n: Tensor, valid: Tensor, max_weight: Tensor, h_norm: Tensor, nondegenerate: Tensor) -> dict[str, Tensor]:
     """`by_visible_sums` from per-row values already computed (`summarize_rows` has them)."""
-    onehot = F.one_hot(visible_bin(n), VISIBLE_BINS).to(torch.float64)  # (B, H, Lq, bins)
-    onehot = onehot * valid.unsqueeze(-1)
-    h_norm = torch.where(nondegenerate, h_norm, 0.0)
+    bins = visible_bin(n).transpose(0, 1).reshape(n.shape[1], -1)  # (H, B * Lq): each row's bin, head first
+
+    def per_bin(values: Tensor) -> Tensor:
+        # A scatter-add into (H, bins), not a one-hot product: a (B, H, Lq, bins) float64 temporary per
+        # statistic cost more than every other selection statistic of a logging step.
+        values = values.to(torch.float64).transpose(0, 1).reshape(bins.shape)
+        return torch.zeros(bins.shape[0], VISIBLE_BINS, dtype=torch.float64, device=values.device).scatter_add_(1, bins, values)
+
     return {
-        "by_n/rows": onehot.sum((0, 2)),
-        "by_n/max_weight": (onehot * max_weight.to(torch.float64).unsqueeze(-1)).sum((0, 2)),
-        "by_n/normalized_entropy": (onehot * h_norm.to(torch.float64).unsqueeze(-1)).sum((0, 2)),
+        "by_n/rows": per_bin(valid),
+        # where, not multiply: a padded row's value may be NaN and 0 * NaN is NaN.
+        "by_n/max_weight": per_bin(torch.where(valid, max_weight, 0.0)),
+        "by_n/normalized_entropy": per_bin(torch.where(nondegenerate & valid, h_norm, 0.0)),
     }
 
 

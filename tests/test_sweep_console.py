@@ -92,3 +92,34 @@ def test_a_diverged_run_reads_one_step_number():
     assert "at step 3" in line and "step 4" not in line
     finished = progress.update(run, {"state": "finished", "duration_s": 1.0, "global_step": 10})
     assert "(step 10" in finished
+
+
+def test_the_eta_is_the_wall_clock_rate_once_every_slot_has_ended_a_run():
+    """A run's own duration leaves out its process's start-up and the slots' contention: after a slot's worth of
+    runs the ETA is elapsed / runs done x runs left, not the mean duration / slots (half the wait, measured)."""
+    import time
+
+    from study.sweep.config import Run
+    from study.sweep.pool import SweepProgress
+
+    progress = SweepProgress(6, 2, None)
+    run = Run(0, "T1_s0", None, {}, [], {})
+    progress.start = time.perf_counter() - 100.0  # 100 s of wall clock so far
+    progress.update(run, {"state": "finished", "duration_s": 10.0})
+    assert progress.eta() == 10.0 * 5 / 2  # one run ended, two slots: its duration per slot
+    progress.update(run, {"state": "finished", "duration_s": 10.0})
+    assert 100.0 / 2 * 4 <= progress.eta() < 101.0 / 2 * 4  # two ended in 100 s: 50 s a run, 4 to go
+
+
+def test_the_estimate_reads_a_fresh_processs_start_up_and_leaves_it_out_when_the_probe_fails():
+    import subprocess
+    import sys
+
+    from study.sweep.estimate import startup_seconds
+
+    ok = subprocess.Popen([sys.executable, "-c", "print(2.5)"], stdout=subprocess.PIPE, text=True)
+    assert startup_seconds(ok) == 2.5
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE, text=True)
+    assert startup_seconds(failed) == 0.0
+    garbled = subprocess.Popen([sys.executable, "-c", "print('no number')"], stdout=subprocess.PIPE, text=True)
+    assert startup_seconds(garbled) == 0.0

@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if (todo or pretrain_todo) and not args.no_estimate:
         from study.sweep.estimate import estimate_time
 
-        estimate = estimate_time(plan, todo, pretrain_todo, args.parallel, quiet=not args.verbose)
+        estimate = estimate_time(plan, todo, pretrain_todo, args.parallel, quiet=not args.verbose,
+                                 subprocesses=subprocess_mode)
     start = time.perf_counter()
     if plan.pretrain is not None:
         wait_for_pretraining(plan)

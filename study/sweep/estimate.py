@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -48,6 +50,28 @@ def measure_step_time(run: Run, steps: int = 6) -> dict[str, float]:
     return {"step_s": step_s, "setup_s": max(setup_s, 0.5), "prepare_s": t_prepared - t0}
 
 
+# What a run's subprocess does before its first step besides what `measure_step_time` times in this process (whose
+# imports are already loaded): a fresh interpreter importing the training stack. It prints its own import time.
+_STARTUP_CODE = "import time; t = time.perf_counter(); import study.fit; print(time.perf_counter() - t)"
+
+
+def start_startup_probe() -> subprocess.Popen:
+    """A fresh interpreter importing `study.fit`, started now so that it runs beside the step timing."""
+    return subprocess.Popen([sys.executable, "-c", _STARTUP_CODE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+
+
+def startup_seconds(probe: subprocess.Popen, timeout: float = 120.0) -> float:
+    """The import time the probe printed (0 if it failed: the estimate then leaves start-up out, as before)."""
+    try:
+        out, _ = probe.communicate(timeout=timeout)
+        return max(float(out.strip().splitlines()[-1]), 0.0) if probe.returncode == 0 else 0.0
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        probe.kill()
+        probe.communicate()
+        return 0.0
+
+
 def estimate_run(run: Run, step_s: float, setup_s: float) -> float:
     max_steps = int(_resolved(run, "trainer.max_steps", 100))
     if max_steps < 0:
@@ -69,8 +93,15 @@ def plan_estimate(
     return total
 
 
-def estimate_time(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, quiet: bool = True) -> float | None:
-    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails."""
+def estimate_time(
+    plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, quiet: bool = True, subprocesses: bool = False
+) -> float | None:
+    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails.
+
+    With ``subprocesses`` (each run a fresh process: `--parallel` or DDP) every run also pays an interpreter's
+    start-up and imports, measured by a fresh interpreter started beside the step timing (so it sees the same
+    contention the slots will).
+    """
     timed_run = next((r for r in todo if r.params.get("top_k") is not None), (todo or plan.runs)[0])
     # Before pretraining, time a model of the same size from scratch (null, not the base config's model: that
     # may be another model altogether, e.g. SmolLM2 under the small GPT-2 quick pipeline).
@@ -81,12 +112,18 @@ def estimate_time(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: in
     timed_run = Run(
         timed_run.index, timed_run.name, timed_run.dir, timed_run.params, args, timed_run.resolved
     )
+    probe = start_startup_probe() if subprocesses else None
     try:
         with run_console(plan.sweep_dir / "estimate.log", quiet):
             timing = measure_step_time(timed_run)
     except Exception as err:  # noqa: BLE001 - the runs will report the same problem with its context
+        if probe is not None:
+            probe.kill()
+            probe.communicate()
         print(f"no time estimate: timing its first steps failed ({type(err).__name__}: {err})", flush=True)
         return None
+    startup_s = startup_seconds(probe) if probe is not None else 0.0
+    timing = {**timing, "setup_s": timing["setup_s"] + startup_s}
     seconds = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
     print(
         f"Estimated time: about {format_seconds(seconds)} for {len(todo)} runs"
@@ -94,7 +131,8 @@ def estimate_time(plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: in
         # not timed up front: with --parallel they share the runs' slots, so the runs end later than this
         + (" (the probe and the analysis not counted)" if plan.probe or plan.analyze else "")
         + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
-        f" (timed on {timed_run.name}).",
+        + (f", {startup_s:.1f} s of it a fresh process's start-up" if startup_s else "")
+        + f" (timed on {timed_run.name}; the monitors' logging steps not counted).",
         flush=True,
     )
     return seconds

@@ -156,7 +156,12 @@ def stop_jobs(jobs: list, signum: int, progress: SweepProgress | None, grace_s: 
 
 # ---- progress -------------------------------------------------------------------------------------------------
 class SweepProgress:
-    """A line per run and an overall ETA from the measured durations of the runs done in this invocation."""
+    """A line per run and an overall ETA from the runs done in this invocation.
+
+    Once a slot's worth of runs (``parallel``) has ended, the ETA is the wall-clock rate so far: it includes what a
+    run's own duration leaves out (each subprocess's interpreter start-up and imports, the slots' contention),
+    which made the ETA from durations alone about half the wait. Before that, the mean duration per slot.
+    """
 
     def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
         self.total, self.parallel, self.estimate_s = total, max(parallel, 1), estimate_s
@@ -166,6 +171,8 @@ class SweepProgress:
 
     def eta(self) -> float | None:
         remaining = self.total - self.done
+        if len(self.durations) >= self.parallel:
+            return (time.perf_counter() - self.start) / len(self.durations) * remaining
         if self.durations:
             return sum(self.durations) / len(self.durations) * remaining / self.parallel
         if self.estimate_s is not None:

@@ -55,6 +55,7 @@ lint: setup
 SWEEP ?= default
 tensorboard: setup
 	@test -d logs/$(SWEEP) || { echo "no sweep logs/$(SWEEP): make tensorboard SWEEP=<one of: $$(ls logs 2>/dev/null | grep -v '^cache$$' | tr '\n' ' ')>"; exit 2; }
+	@echo "Runs coloured by temperature: http://localhost:6006/?runColorGroup=regex:%5E(T%5B0-9.e-%5D%2B)_#timeseries"
 	$(BIN)/tensorboard --logdir logs/$(SWEEP)
 
 # Tokenised corpora, tokenizers and the materialised SmolLM2 folder (logs/cache/models, rebuilt in about 20 s).

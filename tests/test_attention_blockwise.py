@@ -340,3 +340,49 @@ def test_monitor_sums_over_blocks_equal_the_dense_sums(spec_name):
         assert dense.keys() == blocks.keys()
         for key in dense:
             torch.testing.assert_close(blocks[key], dense[key], atol=1e-6, rtol=1e-6, msg=key)
+
+
+class _FusedRowSums(_RowSums):
+    fused_output = True  # reads what it is handed: the call's output may stay the fused kernel's
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_a_monitor_tap_keeps_the_fused_output_and_gradients_and_sees_the_explicit_weights(blocks, monkeypatch):
+    """With only ``fused_output`` taps open, a stock-softmax call trains exactly as untapped (output and gradients
+    bitwise the fused kernel's), and the taps see the same weights (and block sums) as on the explicit path."""
+    from study.attention import core
+
+    fused_calls = []
+    original = core._fused
+    monkeypatch.setattr(core, "_fused", lambda *a, **kw: fused_calls.append(1) or original(*a, **kw))
+    spec = AttentionSpec(temperature=0.3)
+    limits = {"min_scores": 0, "block_scores": ROWS_PER_BLOCK * B * H * LK} if blocks else {"min_scores": 2**62}
+    results = {}
+    for name, tap in (("untapped", None), ("fused", _FusedRowSums()), ("explicit", _RowSums())):
+        q, k, v = _inputs()
+        with blockwise_settings(**limits), tapping(*([tap] if tap else [])):
+            out = attend(q, k, v, spec, mask=_padding_mask(), layer=3)
+            out.sum().backward()
+        results[name] = (out.detach(), q.grad, k.grad, v.grad, tap)
+        assert len(fused_calls) == (0 if name == "explicit" else 1), name
+        fused_calls.clear()
+    for untapped, fused in zip(results["untapped"][:4], results["fused"][:4]):
+        assert torch.equal(untapped, fused)
+    seen_fused, seen_explicit = results["fused"][4].calls, results["explicit"][4].calls
+    assert [c[:2] for c in seen_fused] == ([(3, 3), (3, 3), (3, 1)] if blocks else [(3, LQ)])
+    for position in (2, 3, 4):  # weight sum, allowed count, sum of row maxima: the explicit path's
+        assert sum(c[position] for c in seen_fused) == pytest.approx(sum(c[position] for c in seen_explicit), abs=1e-5)
+    # The explicit path's output is the same attention up to fp32 rounding.
+    torch.testing.assert_close(results["explicit"][0], results["untapped"][0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_tap_without_the_flag_keeps_the_explicit_path_differentiable_twice():
+    """The probe's Hessian differentiates through the weights twice: the fused CPU kernel cannot, so any open tap
+    without ``fused_output`` sends the whole call through the explicit path."""
+    spec = AttentionSpec(temperature=0.5)
+    q, k, v = _inputs()
+    with tapping(_FusedRowSums(), _RowSums()):
+        out = attend(q, k, v, spec)
+        (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        grad_q.sum().backward()  # a second derivative: fails on the fused kernel's backward
+    assert k.grad is not None and torch.isfinite(k.grad).all()

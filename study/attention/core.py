@@ -189,12 +189,20 @@ def attend(
     if logit_bias is not None:
         bias = logit_bias if bias is None else bias + logit_bias
 
-    if spec.is_stock_softmax and softcap is None and not tap.active_taps():
+    fused_output = None
+    if spec.is_stock_softmax and softcap is None and tap.fused_output_allowed():
         visible, plain_causal = _visible(q_len, kv_len, query.device, mask, causal, sliding_window)
         if plain_causal and bias is None and sinks is None:
             visible = None
-        return _fused(query, key, value, visible, bias, sinks, plain_causal, scaling / spec.temperature,
-                      spec.temperature, dropout)
+        fused_output = _fused(query, key, value, visible, bias, sinks, plain_causal, scaling / spec.temperature,
+                              spec.temperature, dropout)
+        if not tap.active_taps():
+            return fused_output
+        # Taps open on a fused-path spec: the output stays the fused kernel's (a logging step trains exactly as
+        # every other step, and backpropagates through the same kernel), and the weights the taps read are
+        # computed beside it, below, without an autograd graph.
+        if tap.recomputing():  # activation checkpointing's second forward: the taps saw this call already
+            return fused_output
 
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
@@ -204,10 +212,11 @@ def attend(
 
     exact = torch.promote_types(query.dtype, torch.float32)
 
-    def rows_output(rows: slice, first_pass: bool = True, layer: int | None = layer) -> Tensor:
+    def rows_output(rows: slice, first_pass: bool = True, layer: int | None = layer) -> Tensor | None:
         """The output of the query rows ``rows``: their scores over the keys they can reach, weights, taps, the
-        weighted values. Keys that causality or the window hide from every row of the block are left out: their
-        weights would be exactly zero under every normaliser (the `Normalizer` contract)."""
+        weighted values (None when ``fused_output`` is the call's output: then only the taps need the weights).
+        Keys that causality or the window hide from every row of the block are left out: their weights would be
+        exactly zero under every normaliser (the `Normalizer` contract)."""
         keys = _reachable_keys(rows, q_len, kv_len, causal and q_len > 1, sliding_window)
         visible, _ = _visible(q_len, kv_len, query.device, mask, causal, sliding_window, rows, keys)
         q_rows, k_cols, v_cols = query[..., rows, :], key[..., keys, :], value[..., keys, :]
@@ -243,11 +252,22 @@ def attend(
                 weights_seen, allowed_seen = weights, allowed
             logits = None if raw is None else tap.AttentionLogits(scores.detach(), raw.detach(), allowed, spec)
             tap.notify(layer, weights_seen, allowed_seen, spec, inputs, logits)
+        if fused_output is not None:
+            return None
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
         return torch.matmul(weights.to(value.dtype), v_cols)
 
     per_block = blockwise.block_rows(query.shape[0] * query.shape[1], q_len, kv_len)
+    if fused_output is not None:
+        with torch.no_grad():
+            if per_block is None or not tap.takes_row_blocks():
+                rows_output(ALL)
+            else:  # one block of rows at a time, as the blockwise path: the whole (B, H, L, L) may not fit
+                layer_of_call = tap.layer_number(layer)
+                for start in range(0, q_len, per_block):
+                    rows_output(slice(start, min(start + per_block, q_len)), True, layer_of_call)
+        return fused_output
     if per_block is None or not getattr(normalizer, "row_wise", True) or not tap.takes_row_blocks():
         return rows_output(ALL)
     # Every block of one call reaches the taps under one layer number.

@@ -22,6 +22,14 @@ A tap whose ``observe`` only sums over rows may set ``row_blocks = True``: `atte
 records inputs gets them once, with the call's first block). While any open tap lacks the flag, attention keeps
 the dense explicit path, so such a tap still sees each call's full map once.
 
+A tap that only reads what it is handed may set ``fused_output = True``. On a spec the fused kernel computes
+(stock softmax at any T, no top-k), while every open tap has the flag, the call's output still comes from that
+kernel, and the weights the taps read are computed beside it without an autograd graph: a logged step then
+trains (and backpropagates) exactly as an unlogged one, at the cost of the weights' forward only. A tap without
+the flag gets the explicit path for the whole call, as before: its output is differentiable through the weights
+to any order (the probe's Hessian of the loss in W_q, W_k needs that; the fused CPU kernel has no double
+backward).
+
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 
 Under activation checkpointing (`CausalLMModule(gradient_checkpointing=True)`, transformers'
@@ -155,6 +163,11 @@ def recomputing() -> bool:
     """Whether this call runs inside a backward pass: activation checkpointing's recomputation of a forward the
     taps already saw (autograd's engine runs a graph task only during backward)."""
     return torch._C._current_graph_task_id() != -1
+
+
+def fused_output_allowed() -> bool:
+    """Whether every open tap lets the call's output come from the fused kernel (``fused_output = True``)."""
+    return all(getattr(tap, "fused_output", False) for tap in _state.taps)
 
 
 def wants_logits() -> bool:

@@ -154,9 +154,13 @@ class TapMonitor(TapCallback):
     ``summarize`` sums over rows, so a monitor takes its weights in blocks of query rows (``row_blocks``): at long
     contexts `attend`'s blockwise path hands it each block as it is computed and no full attention map exists.
     A subclass whose statistics need a whole call at once sets ``row_blocks = False``.
+
+    A monitor only reads what it is handed (``fused_output``): on a spec the fused kernel computes, a logged step
+    keeps that kernel's output and backward, and the weights are computed beside it for the monitors alone.
     """
 
     row_blocks = True
+    fused_output = True
 
     def __init__(self, every_n_steps: int = 50, validation: bool = True, layers: LayerChoice = None) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:

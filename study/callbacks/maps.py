@@ -120,6 +120,8 @@ class AttentionMapMonitor(TapCallback):
         trainer = L.Trainer(callbacks=[AttentionMapMonitor(every_n_steps=500, layers=[0, 11], heads=[0, 1])])
     """
 
+    fused_output = True  # it only copies the weights it is handed (`study.attention.tap`)
+
     def __init__(
         self,
         every_n_steps: int = 500,

@@ -126,7 +126,7 @@ def test_a_learning_rate_sweeps_page_leads_with_its_own_findings(tmp_path):
     assert "each at 99.17%" in block
 
 
-@pytest.mark.parametrize("study", ["scratch", "scratch-replication"])
+@pytest.mark.parametrize("study", ["scratch", "scratch-replication", "scratch-replication-2"])
 def test_the_from_scratch_studys_page_is_its_committed_results(study):
     """docs/results/<study>.md's tables (the learning-rate section, then the scorecard) are what its committed
     report (<study>.json) renders to, and the page shows the section's two figures."""

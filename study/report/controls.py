@@ -10,9 +10,23 @@ function the study uses on real data and then through the finding function that 
   norm (`study.metrics.softmax_jacobian_norm`, the monitors' and the probe's) scale exactly like 1/T, so
   `band_finding` must say supported. With W_q scaled up the rows are saturated (one weight near 1) at every T, where
   both fall like exp(-gap/T) as T falls: not supported.
+- "g follows 1/T for T < 0.1" and "g drops about 100x to T = 1" (claim 5, frozen model): the same two kinds of
+  rows (near uniform even at T = 0.01: W_q scaled by 1e-6) through the frozen analysis's own Algorithm 5 step
+  (`study.frozen.analysis.gradient.GRADIENT`: its per-layer step and its results.json blocks) into
+  `gradient_slope_finding` and `gradient_drop_finding`: 1/T exactly, so a drop of exactly 100x (supported); saturated
+  rows are flat or falling at low T (not supported).
+- "N_s/N saturates at 0.70-0.85" (claim 4, Theorem 2): a planted top-N geometry whose N_s/N is known by
+  construction (`planted_separability`), through Algorithm 4's own step (`SEPARABILITY`) into `separability_finding`.
+  A share of the N selected keys opposes the sum of the others, the rest are orthogonal to each other and lean
+  towards it: N_s is the number that lean. About 3/4 of them (supported) and nearly all (not supported).
 - "low temperature makes training unstable" (claim 6): planted loss curves through `count_spikes` (the spike count
   of every run's summary) into `instability_finding`. Every low-T run has a loss spike, every reference run is calm:
   supported. Every run calm, as many per group as the rule needs to exclude the claimed effect: not supported.
+- "the selected set drifts towards uniform" and "fine-tuning leaves most of the step-0 gap" (claim 6): planted
+  scalar series of whole runs (the training H(top-k) entropy, the validation loss at step 0 and at the end) through
+  `summarize`, the function that reads every real run's event files into its summary, into `drift_finding` and
+  `recovery_finding`: entropy rising by 0.1 of log k in every seed against no change; 90% of the gap left against
+  5%.
 
 The controls sit beside the findings, outside their Bonferroni family (each at the single-interval level), and the
 report shows each verdict with the expected one. tests/test_report_controls.py fails when one differs.
@@ -20,13 +34,24 @@ report shows each verdict with the expected one. tests/test_report_controls.py f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from study.report.findings import Finding, band_finding, instability_finding
+from study import tags
+from study.report import sources
+from study.report.findings import (
+    Finding,
+    band_finding,
+    drift_finding,
+    instability_finding,
+    recovery_finding,
+)
+from study.report.frozen import gradient_drop_finding, gradient_slope_finding, separability_finding
+from study.report.read import RunData
 from study.report.stats import NOT_SUPPORTED, SUPPORTED, Family, family_level
-from study.report.summary import SPIKES, Summary, count_spikes
+from study.report.summary import SPIKES, Summary, count_spikes, summarize
 
 TEMPERATURES = (0.25, 0.5, 1.0, 2.0, 4.0)  # the grid of the sensitivity controls: four octaves
 WINDOWS = 6  # independent planted inputs (one random layer and input each): the replicates of a slope
@@ -36,6 +61,15 @@ SATURATED_SCALE = 8.0  # W_q scale: the largest logit leads the next by tens at 
 EPSILON = 1e-3  # Algorithm 5's perturbation size (the smallest of the probe's)
 STABILITY_RUNS = 12  # runs per group: enough calm runs to exclude the claimed unstable fraction (calm_runs_needed)
 STEPS = 20  # logged training losses per planted run
+FROZEN_TEMPERATURES = (0.01, 0.02, 0.05, 1.0)  # the frozen rows' grid: three T below 0.1 and the reference T = 1
+FROZEN_EPSILON = 1e-4  # small beside the lowest T, so the finite difference is the Jacobian's (eps / T = 0.01)
+FROZEN_NEAR_UNIFORM_SCALE = 1e-6  # logits / T below about 1e-3 at T = 0.01
+SEPARABILITY_N = 32  # the selected keys I_N (the paper's rule reads N >= 16)
+SEPARABILITY_LENGTH = 40  # keys per planted window: every row t >= N has keys outside I_N
+# opposed keys among the N selected, per window: N_s = N minus these (0.719-0.781 of N; 0.938-1)
+SEPARABILITY_OPPOSED = {"about 3/4 of I_N separable": (7, 8, 9, 8, 7, 9),
+                        "nearly all of I_N separable": (0, 1, 2, 1, 0, 2)}  # fmt: skip
+SEEDS = 6  # planted seeds of the drift and gap controls (the replicate unit), each with runs at 3 T
 
 
 @dataclass
@@ -112,6 +146,140 @@ def planted_runs(unstable_low_t: bool) -> list[Summary]:
     return runs
 
 
+class PlantedLogits:
+    """What the frozen analysis's per-layer step reads of a captured model, for planted logits: the scaled logits
+    of a layer and whether its normaliser is the softmax."""
+
+    def __init__(self, logits) -> None:
+        self._logits = logits
+
+    def logits(self, layer: int, dtype=None):
+        return self._logits.to(dtype or self._logits.dtype)
+
+    def is_softmax(self, layer: int) -> bool:
+        return True
+
+
+def _frozen_settings(length: int, *, temperatures=(1.0,), separability_ns=(SEPARABILITY_N,)):
+    """Analysis settings for a planted layer of `length` keys (only the grids the controls' analyses read)."""
+    import torch
+
+    from study.frozen.analysis.grids import Grids
+    from study.frozen.analysis.registration import Settings
+
+    grids = Grids(lengths=[length], n_fixed=1, ns=[], distance_ns=[], critical_ns=[],
+                  separability_ns=list(separability_ns), temperatures=list(temperatures),
+                  epsilons=[FROZEN_EPSILON], spectral_rows=torch.arange(1, length))  # fmt: skip
+    return Settings(grids=grids, mc_samples=0, seed=0, alphas=[])
+
+
+def frozen_gradient_results(scale: float) -> dict:
+    """results.json's Algorithm 5 blocks for planted logits (WINDOWS windows of the two-head layer, W_q scaled by
+    `scale`), written by the frozen analysis's own step."""
+    import torch
+
+    from study.frozen.analysis.gradient import GRADIENT
+    from study.frozen.analysis.registration import LayerInput
+
+    logits = torch.cat([planted_logits(scale, window) for window in range(WINDOWS)])  # (WINDOWS, 2, L, L)
+    settings = _frozen_settings(LENGTH, temperatures=FROZEN_TEMPERATURES)
+    layer = LayerInput(PlantedLogits(logits), 0, torch.zeros(0), torch.zeros(0), torch.float64)
+    results = GRADIENT.results(settings, [GRADIENT.layer(settings, layer)])
+    return {**results, "choices": {"temperatures": list(FROZEN_TEMPERATURES), "epsilons": [FROZEN_EPSILON]},
+            "source": {"model": "planted layer"}}
+
+
+def planted_separability(opposed: int, window: int):
+    """(weights (1, 1, L, L), vectors (1, 1, L, L + 1)) float64 whose N_s/N is (N - opposed) / N in every row
+    that has a key outside I_N, by construction.
+
+    Every row t >= N puts weight (1 - delta)/N on keys 0..N-1 (I_N) and delta spread over its other visible keys.
+    With unit vectors and s = (1 - delta)/N * sum over I_N of x_i: the first `opposed` keys of I_N are -e_0; the
+    other selected keys are (e_0 + e_i)/sqrt(2), orthogonal to each other apart from e_0; keys outside I_N are e_i.
+    For a key outside I_N, |s - alpha x|^2 = |s|^2 + alpha^2, so r is just above |s|. A leaning key has
+    <s, x_i> = alpha (C/sqrt(2) + 1/2) with C = (N - opposed)/sqrt(2) - opposed > 0, so removing it shortens the
+    sum below |s| (separable); an opposed key has <s, x_i> = -alpha C, so removing it lengthens it (not). A random
+    rotation per window keeps the construction off the axes (N_s/N is invariant under it).
+    """
+    import torch
+
+    n, length = SEPARABILITY_N, SEPARABILITY_LENGTH
+    dim = length + 1
+    x = torch.zeros(length, dim, dtype=torch.float64)
+    x[:opposed, 0] = -1.0
+    for key in range(opposed, n):
+        x[key, 0] = x[key, key + 1] = 2**-0.5
+    for key in range(n, length):
+        x[key, key + 1] = 1.0
+    gen = torch.Generator().manual_seed(window)
+    rotation, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    delta = 1e-3
+    weights = torch.zeros(length, length, dtype=torch.float64)
+    for row in range(length):
+        if row < n:
+            weights[row, : row + 1] = 1 / (row + 1)  # no key outside I_N yet: N_s/N undefined there
+        else:
+            weights[row, :n] = (1 - delta) / n
+            weights[row, n : row + 1] = delta / (row + 1 - n)
+    return weights[None, None], (x @ rotation)[None, None]
+
+
+def separability_results(opposed: tuple[int, ...]) -> dict:
+    """results.json's Algorithm 4 blocks for planted windows (one per entry of `opposed`), written by the frozen
+    analysis's own step."""
+    import torch
+
+    from study.frozen.analysis.registration import LayerInput
+    from study.frozen.analysis.separability import SEPARABILITY
+
+    planted = [planted_separability(m, window) for window, m in enumerate(opposed)]
+    weights, vectors = (torch.cat(parts) for parts in zip(*planted))
+    settings = _frozen_settings(SEPARABILITY_LENGTH)
+    layer = LayerInput(PlantedLogits(torch.zeros(0)), 0, weights, vectors, torch.float64)
+    return {**SEPARABILITY.results(settings, [SEPARABILITY.layer(settings, layer)]),
+            "source": {"model": "planted top-N geometry"}}
+
+
+def _planted_run(name: str, temperature: float, seed: int, scalars: dict) -> Summary:
+    """A finished run's summary from planted scalar series, through `summarize` (what reads every real run)."""
+    from pathlib import Path
+
+    params = {"temperature": temperature, "top_k": None, "seed": seed}
+    status = {"state": "finished", "global_step": STEPS}
+    return summarize(RunData(name, Path(name), params, status, {}, scalars))
+
+
+def _jitter(seed: int) -> float:
+    """A fixed small spread between seeds (-1, 0 or +1 times 0.01) so that intervals have a width."""
+    return 0.01 * ((seed % 3) - 1)
+
+
+def drift_runs(drift: float) -> list[Summary]:
+    """SEEDS seeds x 3 T whose training H(top-k)/log k moves by `drift` (plus the seed's jitter) from the first to
+    the last logged step."""
+    log_k = math.log(sources.SELECTION_K)
+    runs = []
+    for seed in range(SEEDS):
+        change = drift + _jitter(seed) / 2
+        for t in (0.1, 0.3, 1.0):
+            series = [(step, log_k * (0.5 + change * step / (STEPS - 1))) for step in range(STEPS)]
+            runs.append(_planted_run(f"control-drift-T{t:g}-s{seed}", t, seed, {sources.SELECTION_ENTROPY: series}))
+    return runs
+
+
+def gap_runs(left: float) -> list[Summary]:
+    """SEEDS seeds, each a T = 0.1 and a T = 1 run with validation loss at step 0 and at the end; the low-T run
+    keeps `left` (plus the seed's jitter) of its step-0 gap of 2 nats after training."""
+    runs = []
+    for seed in range(SEEDS):
+        gap = 2.0
+        end_gap = gap * (left + _jitter(seed))
+        for t, start, end in ((0.1, 4.0 + gap, 3.5 + end_gap), (1.0, 4.0, 3.5)):
+            series = {tags.VAL_LOSS: [(0, start), (STEPS, end)]}
+            runs.append(_planted_run(f"control-gap-T{t:g}-s{seed}", t, seed, series))
+    return runs
+
+
 def _sensitivity(name: str, what: str, levels: Callable[[float], dict], scale: float, expected: str) -> Control:
     claim = f"control: {what} grows like 1/T ({name}, W_q x {scale:g})"
     statistic = f"log-log slope of {what} vs T over {WINDOWS} planted windows"
@@ -139,8 +307,22 @@ def _all() -> list[Control]:
         _sensitivity("saturated rows", g, g_levels, SATURATED_SCALE, NOT_SUPPORTED),
         _sensitivity("near-uniform rows", jac, jacobian_levels, NEAR_UNIFORM_SCALE, SUPPORTED),
         _sensitivity("saturated rows", jac, jacobian_levels, SATURATED_SCALE, NOT_SUPPORTED),
+        Control("near-uniform rows, W_q x 1e-06", SUPPORTED,
+                gradient_slope_finding(frozen_gradient_results(FROZEN_NEAR_UNIFORM_SCALE))),
+        Control(f"saturated rows, W_q x {SATURATED_SCALE:g}", NOT_SUPPORTED,
+                gradient_slope_finding(frozen_gradient_results(SATURATED_SCALE))),
+        Control("near-uniform rows, W_q x 1e-06", SUPPORTED,
+                gradient_drop_finding(frozen_gradient_results(FROZEN_NEAR_UNIFORM_SCALE))),
+        Control(f"saturated rows, W_q x {SATURATED_SCALE:g}", NOT_SUPPORTED,
+                gradient_drop_finding(frozen_gradient_results(SATURATED_SCALE))),
+        *(Control(name, expected, separability_finding(separability_results(opposed)))
+          for (name, opposed), expected in zip(SEPARABILITY_OPPOSED.items(), (SUPPORTED, NOT_SUPPORTED))),
         Control("planted spike in every low-T run", SUPPORTED, instability_finding(planted_runs(True))),
         Control("every run calm", NOT_SUPPORTED, instability_finding(planted_runs(False))),
+        Control("H(top-k)/log k rises by 0.1 in every seed", SUPPORTED, drift_finding(drift_runs(0.1))),
+        Control("H(top-k)/log k unchanged", NOT_SUPPORTED, drift_finding(drift_runs(0.0))),
+        Control("90% of the step-0 gap left", SUPPORTED, recovery_finding(gap_runs(0.9))),
+        Control("5% of the step-0 gap left", NOT_SUPPORTED, recovery_finding(gap_runs(0.05))),
     ]
 
 

@@ -71,3 +71,64 @@ def test_call_entropy_sums_are_computed_once_per_call_and_keep_no_weights_alive(
     del other, computed  # the mock's call records hold the arguments too
     gc.collect()
     assert gone() is None  # the memo did not keep the last call's weights
+
+
+def test_one_calls_row_entropy_serves_the_entropy_monitor_the_collapse_alert_and_the_selection_monitor():
+    """The rows' entropy is computed once per call whichever monitor asks first, and the sums built from it equal
+    the ones computed from scratch bit for bit (entropy_sums and summarize_rows, dense and under top-k zeros)."""
+    from unittest import mock
+
+    from study.attention import AttentionSpec
+    from study.callbacks import SelectionUniformityMonitor, base
+    from study.metrics import entropy_sums, summarize_rows, visible_row_entropy
+
+    torch.manual_seed(1)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
+    logits = torch.randn(2, 3, 6, 6).masked_fill(~allowed, -torch.inf)
+    weights = logits.masked_fill(logits < logits.topk(2, -1).values[..., -1:], -torch.inf).softmax(-1)  # top-2
+    spec = AttentionSpec(top_k=2)
+    selection = SelectionUniformityMonitor(selection_ks=(1, 4))
+    for selection_first in (True, False):
+        probe = weights.clone()  # a new call
+        with mock.patch.object(base, "visible_row_entropy", wraps=visible_row_entropy) as computed:
+            if selection_first:
+                got_selection = selection.summarize(0, probe, allowed, spec)
+            got_entropy = base.call_entropy_sums(probe, allowed, spec)
+            if not selection_first:
+                got_selection = selection.summarize(0, probe, allowed, spec)
+            assert computed.call_count == 1
+        expected_entropy = entropy_sums(probe, allowed)
+        expected_selection = summarize_rows(probe, allowed, selection_ks=(1, 4), by_visible=selection.by_visible)
+        for key, value in expected_entropy.items():
+            assert torch.equal(got_entropy[key], value), key
+        for key, value in got_selection.items():
+            assert torch.equal(value, expected_selection[key]), key
+
+
+def test_a_logging_steps_scalars_are_one_tensorboard_event_read_back_as_each_tag(tmp_path):
+    """write_scalars puts a step's scalars in one event of the TensorBoardLogger's file (not one per tag), and
+    TensorBoard's reader gives every tag its value at that step, as add_scalar's events would; a prefixed logger
+    keeps Lightning's own log_metrics (its prefix applied)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from study.callbacks.base import write_scalars
+    from study.report.read import read_scalars
+
+    plain = TensorBoardLogger(tmp_path, name="plain", version=0)
+    prefixed = TensorBoardLogger(tmp_path, name="prefixed", version=0, prefix="run")
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[plain, prefixed])
+    metrics = {f"attention/stat_{i}/layer_{layer}": i + layer / 3 for i in range(5) for layer in range(4)}
+    write_scalars(trainer, metrics, step=7)
+    write_scalars(trainer, {key: -v for key, v in metrics.items()}, step=8)
+    for logger in (plain, prefixed):
+        logger.experiment.flush()
+    got = read_scalars(plain.log_dir)
+    for key, value in metrics.items():
+        assert got[key] == [(7, pytest.approx(value, rel=1e-6)), (8, pytest.approx(-value, rel=1e-6))]
+    (events,) = list((tmp_path / "plain" / "version_0").glob("events.*"))
+    summaries = [e for e in EventFileLoader(str(events)).Load() if e.HasField("summary")]
+    assert [e.step for e in summaries] == [7, 8] and len(summaries[0].summary.value) == len(metrics)
+    assert set(read_scalars(prefixed.log_dir)) == {f"run-{key}" for key in metrics}

@@ -29,6 +29,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
 from typing_extensions import override
@@ -36,7 +37,7 @@ from typing_extensions import override
 from study import tags
 from study.attention import NORMALIZERS, AttentionSpec, tapping
 from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
-from study.metrics import as_distribution, entropy_sums
+from study.metrics import as_distribution, entropy_sums, visible_row_entropy
 
 Sums = dict[int, dict[str, Tensor]]
 
@@ -92,7 +93,25 @@ def write_scalars(trainer: L.Trainer, metrics: dict[str, float], step: int) -> N
         return
     metrics = {**metrics, **tags.leading_copies(metrics)}  # the few that lead TensorBoard's pages, copied there
     for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
+        if isinstance(logger, TensorBoardLogger) and getattr(logger, "_prefix", None) == "":
+            write_summary(logger.experiment, metrics, step)
+        else:  # any other logger (or a prefixed one): its own log_metrics, one call per step
+            logger.log_metrics(metrics, step=step)
+
+
+def write_summary(writer: Any, metrics: dict[str, float], step: int) -> None:
+    """Every scalar of a logging step as one TensorBoard event (a Summary with one value per tag) on a
+    `SummaryWriter`: the same records `add_scalar` writes one event at a time (a float32 ``simple_value`` per tag,
+    read back by TensorBoard and `EventAccumulator` as separate scalars at that step).
+
+    One event instead of one per tag: each `add_scalar` is a record through the writer's queue of ten, so a monitor
+    logging a few hundred tags a step waits on the writer thread, most of all on a busy machine
+    (docs/performance.md).
+    """
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in metrics.items()])
+    writer._get_file_writer().add_summary(summary, step)  # what add_scalar itself calls, once per tag
 
 
 def tensorboard_writers(trainer: L.Trainer) -> list[Any]:
@@ -337,29 +356,47 @@ def row_distribution(weights: Tensor, spec: AttentionSpec) -> Tensor:
 
 
 class _LastCall(threading.local):
-    """The last tapped call whose entropy sums were computed (one per thread: the bench fits in threads)."""
+    """What has been computed of the last tapped call (one per thread: the bench fits in threads): its rows'
+    entropy (B, H, Lq) and its entropy sums, each None until a monitor asks."""
 
     key: tuple[weakref.ref, weakref.ref, AttentionSpec] | None = None
+    entropy: Tensor | None = None
     sums: dict[str, Tensor] | None = None
 
 
 _last_call = _LastCall()
 
 
-def call_entropy_sums(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
-    """`entropy_sums` of one tapped call's row distribution, computed once however many monitors ask for it.
+def _this_call(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> _LastCall:
+    """The memo of the call these tensors belong to (emptied when they are another call's).
 
-    The entropy monitor and the collapse alert need the same sums, and `study.attention.tap.notify` hands every
-    tap the same tensors for a call, so the second asker reads the first one's result. The call is recognised
-    by the identity of its tensors, held weakly (a weights tensor freed and another allocated at its address is
-    a new call, never a stale hit) so the memo keeps no activation alive.
+    `study.attention.tap.notify` hands every tap the same tensors for a call, so a call is recognised by the
+    identity of its tensors, held weakly: a weights tensor freed and another allocated at its address is a new
+    call, never a stale hit, and the memo keeps no activation alive (it holds per-row values and sums only).
     """
     key = _last_call.key
-    if key is not None and key[0]() is weights and key[1]() is allowed and key[2] == spec:
-        return dict(_last_call.sums)
-    sums = entropy_sums(row_distribution(weights, spec), allowed)
-    _last_call.key, _last_call.sums = (weakref.ref(weights), weakref.ref(allowed), spec), sums
-    return dict(sums)
+    if key is None or key[0]() is not weights or key[1]() is not allowed or key[2] != spec:
+        _last_call.key = (weakref.ref(weights), weakref.ref(allowed), spec)
+        _last_call.entropy = _last_call.sums = None
+    return _last_call
+
+
+def call_row_entropy(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> Tensor:
+    """The entropy of each row of one tapped call's row distribution (`visible_row_entropy`), computed once
+    however many monitors ask: the entropy monitor, the collapse alert and the selection monitor all read it."""
+    memo = _this_call(weights, allowed, spec)
+    if memo.entropy is None:
+        memo.entropy = visible_row_entropy(row_distribution(weights, spec), allowed)
+    return memo.entropy
+
+
+def call_entropy_sums(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
+    """`entropy_sums` of one tapped call's row distribution, computed once however many monitors ask for it
+    (the entropy monitor and the collapse alert), from the call's `call_row_entropy`."""
+    memo = _this_call(weights, allowed, spec)
+    if memo.sums is None:
+        memo.sums = entropy_sums(weights, allowed, entropy=call_row_entropy(weights, allowed, spec))
+    return dict(memo.sums)
 
 
 def nanmean(values: Tensor) -> Tensor:

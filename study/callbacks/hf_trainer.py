@@ -55,6 +55,8 @@ from lightning.pytorch.callbacks import Callback
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from typing_extensions import override
 
+from study.callbacks.base import write_summary
+
 # Callbacks that need Lightning's loops or its LightningModule, by class name, with why.
 UNSUPPORTED = {
     "AttentionMapMonitor": "its step-0 maps run a batch of Lightning's validation loop (trainer.fit_loop)",
@@ -116,9 +118,7 @@ class _TensorBoard:
         return self._adapter.writer()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        writer = self._adapter.writer()
-        for tag, value in metrics.items():
-            writer.add_scalar(tag, float(value), step)
+        write_summary(self._adapter.writer(), metrics, step)
 
     def save(self) -> None:
         self._adapter.writer().flush()

@@ -27,6 +27,7 @@ from study.metrics.attention import (
     tv_to_uniform,
     visible_bin,
     visible_count,
+    visible_row_entropy,
 )
 from study.metrics.gradients import (
     KINDS,
@@ -68,4 +69,5 @@ __all__ = [
     "tv_to_uniform",
     "visible_bin",
     "visible_count",
+    "visible_row_entropy",
 ]

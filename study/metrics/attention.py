@@ -299,11 +299,27 @@ def _head_sums(per_row: dict[str, tuple[Tensor, Tensor]], valid: Tensor, nondege
     return sums
 
 
-def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
+def visible_row_entropy(weights: Tensor, allowed: Tensor) -> Tensor:
+    """(B, H, Lq) entropy of each row over its visible keys, exactly as `entropy_sums` and `summarize_rows`
+    compute it (from the same masked fp32 copy): pass it to them as ``entropy`` to skip computing it again."""
+    return row_entropy(_rows(weights, allowed)[0])
+
+
+def _counts(weights: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`_rows` without the copy: visible counts, validity masks and log n (from the mask alone)."""
+    n = visible_count(allowed).expand(weights.shape[:-1])
+    return n, n >= 1, n >= 2, _log_visible(n)
+
+
+def entropy_sums(weights: Tensor, allowed: Tensor, entropy: Tensor | None = None) -> dict[str, Tensor]:
     """`summarize_rows` restricted to rows, rows_nondegenerate, entropy and normalized_entropy: no top-k, so it
-    costs about a third of the full summary (the entropy monitor needs nothing else)."""
-    w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
-    entropy = row_entropy(w)
+    costs about a third of the full summary (the entropy monitor needs nothing else). With ``entropy`` (the rows'
+    `visible_row_entropy`, already computed for this call) no pass over the weights at all."""
+    if entropy is None:
+        w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+        entropy = row_entropy(w)
+    else:
+        n, valid, nondegenerate, log_n = _counts(weights, allowed)
     per_row = {
         "entropy": (entropy, valid),
         "normalized_entropy": (entropy / log_n.clamp(min=math.log(2)), nondegenerate),
@@ -312,7 +328,8 @@ def entropy_sums(weights: Tensor, allowed: Tensor) -> dict[str, Tensor]:
 
 
 def summarize_rows(
-    weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16), by_visible: bool = False
+    weights: Tensor, allowed: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16), by_visible: bool = False,
+    entropy: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Per-head SUMS of row statistics over every valid row of `weights` (B, H, Lq, Lk).
 
@@ -327,11 +344,12 @@ def summarize_rows(
     with ``by_visible``, also `by_visible_sums`'s ``by_n/...`` (from the same copy, entropy and maxima).
 
     Memory: one masked fp32 copy of the weights plus one elementwise temporary at a time, and a single
-    topk with the largest k whose values serve every k.
+    topk with the largest k whose values serve every k. ``entropy``: the rows' `visible_row_entropy` if another
+    statistic of the same call has computed it (the same values; one pass over the weights fewer).
     """
     Lk = weights.shape[-1]
     w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
-    entropy = row_entropy(w)
+    entropy = row_entropy(w) if entropy is None else entropy
     # TV to uniform = sum_i (a_i - 1/n)_+ because both distributions sum to 1 over the visible keys; masked
     # keys hold 0 < 1/n and drop out of the positive part, so no mask is needed here.
     inv_n = 1.0 / n.clamp(min=1).to(torch.float32)

@@ -126,7 +126,11 @@ def test_trainer_logs_the_lightning_tags_and_values(tmp_path: Path, accumulate: 
         steps_l = [s for s, _ in lightning[tag]]
         steps_h = [s for s, _ in hf[tag]]
         assert steps_h == steps_l, (tag, steps_h, steps_l)
-        assert [v for _, v in hf[tag]] == pytest.approx([v for _, v in lightning[tag]], rel=1e-6, abs=1e-9), tag
+        # kl_uniform = log n - H is a difference of two fp32 numbers near log n: near uniform rows (3.7e-5 here)
+        # it carries their rounding, about 1e-7 absolute, which the two trainers' last-bit differences reach after
+        # two updates on some CPUs (2.5e-9 seen on an AMD EPYC, under 1e-9 on an Intel Xeon); other tags keep 1e-9.
+        near_zero = 1e-7 if "kl_uniform" in tag else 1e-9
+        assert [v for _, v in hf[tag]] == pytest.approx([v for _, v in lightning[tag]], rel=1e-6, abs=near_zero), tag
     # every_n_steps is in optimizer steps: training tags at 0, 1, 2 (the Jacobian's every 2: 0, 2), whatever the
     # accumulation; validation once, after the last step
     assert [s for s, _ in hf["attention/entropy/mean"]] == [0, 1, 2]

@@ -21,7 +21,7 @@ def test_every_control_gets_its_expected_verdict(found):
     got = [(c.finding.claim, c.name, c.finding.verdict) for c in found]
     assert [c.finding.verdict for c in found] == [c.expected for c in found], got
     # both outcomes are reached for each claim: a rule that could only say one thing would fail here
-    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 8)
+    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 10)
     assert all(c.passed for c in found)
 
 
@@ -68,6 +68,15 @@ def test_the_planted_top_n_geometry_has_the_n_s_it_was_built_for(opposed):
         r = min((s - a[j] * x[j]).norm().item() for j in rest)
         n_s = sum((s - a[i] * x[i]).norm().item() < r for i in top.tolist())
         assert n_s == n - opposed
+
+
+def test_the_critical_n_control_finds_the_planted_n0_in_every_window_and_length():
+    """Through Algorithm 3's own results step: each window's KS test finds N* = the planted first N where d = E
+    (27 heads: three times larger d below it is told apart, equal d and E never are)."""
+    for first_equal in (C._small_ratio, C._large_ratio, C._fixed):
+        block = C.critical_results(first_equal)["alg3_critical_n_by_window"]
+        expected = [[first_equal(w, li, n) for li, n in enumerate(C.CRITICAL_LENGTHS)] for w in range(C.WINDOWS)]
+        assert block["n_star"][str(C.ALPHA)] == expected, first_equal.__name__
 
 
 def test_the_separability_control_reads_the_planted_share_per_window():
@@ -121,7 +130,7 @@ def test_the_report_carries_the_control_section(tmp_path):
     path = build_report(fake_sweep(tmp_path))
     data = json.loads((path.parent / "report.json").read_text())
     assert [c["verdict"] for c in data["controls"]] == [c["expected"] for c in data["controls"]]
-    assert len(data["controls"]) == 16 and all(c["passed"] for c in data["controls"])
+    assert len(data["controls"]) == 20 and all(c["passed"] for c in data["controls"])
     text = path.read_text()
     section = text.split("## Controls")[1].split("\n## ")[0]
-    assert section.count("| pass |") == 16 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")
+    assert section.count("| pass |") == 20 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")

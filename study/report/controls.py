@@ -15,6 +15,11 @@ function the study uses on real data and then through the finding function that 
   (`study.frozen.analysis.gradient.GRADIENT`: its per-layer step and its results.json blocks) into
   `gradient_slope_finding` and `gradient_drop_finding`: 1/T exactly, so a drop of exactly 100x (supported); saturated
   rows are flat or falling at low T (not supported).
+- "N* ~ 0.06 L" and "N* grows in proportion to L" (claim 3, Theorem 1): per-head distances d and expectations E
+  planted per text window, identical (a KS test cannot tell them apart) from a known N0 on and three times larger
+  below it, through Algorithm 3's own results step (`CRITICAL`: its KS tests, N* per window and its results.json
+  blocks) into `n_star_finding` and `n_star_slope_finding`. N0 = (0.05-0.07) L: both supported; N0 = (0.32-0.64) L:
+  N*/L not supported; N0 the same at every L: not proportional (not supported).
 - "N_s/N saturates at 0.70-0.85" (claim 4, Theorem 2): a planted top-N geometry whose N_s/N is known by
   construction (`planted_separability`), through Algorithm 4's own step (`SEPARABILITY`) into `separability_finding`.
   A share of the N selected keys opposes the sum of the others, the rest are orthogonal to each other and lean
@@ -48,7 +53,14 @@ from study.report.findings import (
     instability_finding,
     recovery_finding,
 )
-from study.report.frozen import gradient_drop_finding, gradient_slope_finding, separability_finding
+from study.report.frozen import (
+    ALPHA,
+    gradient_drop_finding,
+    gradient_slope_finding,
+    n_star_finding,
+    n_star_slope_finding,
+    separability_finding,
+)
 from study.report.read import RunData
 from study.report.stats import NOT_SUPPORTED, SUPPORTED, Family, family_level
 from study.report.summary import SPIKES, Summary, count_spikes, summarize
@@ -69,6 +81,11 @@ SEPARABILITY_LENGTH = 40  # keys per planted window: every row t >= N has keys o
 # opposed keys among the N selected, per window: N_s = N minus these (0.719-0.781 of N; 0.938-1)
 SEPARABILITY_OPPOSED = {"about 3/4 of I_N separable": (7, 8, 9, 8, 7, 9),
                         "nearly all of I_N separable": (0, 1, 2, 1, 0, 2)}  # fmt: skip
+CRITICAL_LENGTHS = (100, 200, 400)  # the lengths L of the planted N* rows
+CRITICAL_NS = (4, 5, 6, 7, 10, 12, 14, 20, 24, 28, 32, 50, 64, 100, 128, 200, 256)  # Algorithm 3's N grid
+CRITICAL_LAYERS, CRITICAL_HEADS = 3, 9  # heads pooled by each window's KS test: 27, as few as the main job's fewest
+# N0 / L per (window, length): the grid values 0.05, 0.06 and 0.07 in turn, so windows and lengths differ
+SMALL_RATIOS = (0.05, 0.06, 0.07)
 SEEDS = 6  # planted seeds of the drift and gap controls (the replicate unit), each with runs at 3 T
 
 
@@ -187,6 +204,60 @@ def frozen_gradient_results(scale: float) -> dict:
     results = GRADIENT.results(settings, [GRADIENT.layer(settings, layer)])
     return {**results, "choices": {"temperatures": list(FROZEN_TEMPERATURES), "epsilons": [FROZEN_EPSILON]},
             "source": {"model": "planted layer"}}
+
+
+def planted_distances(first_equal: Callable[[int, int, int], int]):
+    """Per layer, the d and E blocks of Algorithm 3's per-layer step ((nL, G, H) pooled over windows and (B, nL,
+    G, H) per window) for WINDOWS planted text windows: E per head is drawn once per (window, length), spread over
+    a factor of about 2; d equals E from N = first_equal(window, length index, L) on, and is 3 E below it."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (WINDOWS, len(CRITICAL_LENGTHS), len(CRITICAL_NS), CRITICAL_LAYERS * CRITICAL_HEADS)
+    e = torch.exp(0.3 * torch.randn(shape[0], shape[1], 1, shape[3], generator=gen, dtype=torch.float64))
+    e = e.expand(shape).clone()
+    d = e.clone()
+    for window in range(WINDOWS):
+        for li, length in enumerate(CRITICAL_LENGTHS):
+            n0 = first_equal(window, li, length)
+            below = torch.tensor([n < n0 for n in CRITICAL_NS])
+            d[window, li, below] *= 3.0
+    layers = []
+    for layer in range(CRITICAL_LAYERS):
+        heads = slice(layer * CRITICAL_HEADS, (layer + 1) * CRITICAL_HEADS)
+        dw, ew = d[..., heads], e[..., heads]
+        layers.append({"d": dw.mean(0), "e": ew.mean(0), "d_windows": dw, "e_windows": ew})
+    return layers
+
+
+@lru_cache(maxsize=4)
+def critical_results(first_equal: Callable[[int, int, int], int]) -> dict:
+    """results.json's Algorithm 3 blocks for `planted_distances`, written by the frozen analysis's own results
+    step (the KS tests and N* per window)."""
+    import torch
+
+    from study.frozen.analysis.critical import CRITICAL
+    from study.frozen.analysis.grids import Grids
+    from study.frozen.analysis.registration import Settings
+
+    grids = Grids(lengths=list(CRITICAL_LENGTHS), n_fixed=1, ns=[], distance_ns=[], critical_ns=list(CRITICAL_NS),
+                  separability_ns=[], temperatures=[1.0], epsilons=[FROZEN_EPSILON],
+                  spectral_rows=torch.arange(1))  # fmt: skip
+    settings = Settings(grids=grids, mc_samples=0, seed=0, alphas=[ALPHA])
+    return {**CRITICAL.results(settings, planted_distances(first_equal)), "choices": {"alphas": [ALPHA]},
+            "source": {"model": "planted d and E"}}  # fmt: skip
+
+
+def _small_ratio(window: int, li: int, length: int) -> int:
+    return round(SMALL_RATIOS[(window + li) % len(SMALL_RATIOS)] * length)
+
+
+def _large_ratio(window: int, li: int, length: int) -> int:
+    return round((0.32, 0.5, 0.64)[(window + li) % 3] * length)
+
+
+def _fixed(window: int, li: int, length: int) -> int:
+    return (20, 24, 28)[window % 3]
 
 
 def planted_separability(opposed: int, window: int):
@@ -315,6 +386,10 @@ def _all() -> list[Control]:
                 gradient_drop_finding(frozen_gradient_results(FROZEN_NEAR_UNIFORM_SCALE))),
         Control(f"saturated rows, W_q x {SATURATED_SCALE:g}", NOT_SUPPORTED,
                 gradient_drop_finding(frozen_gradient_results(SATURATED_SCALE))),
+        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_finding(critical_results(_small_ratio))),
+        Control("d = E from N = (0.32-0.64) L", NOT_SUPPORTED, n_star_finding(critical_results(_large_ratio))),
+        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_slope_finding(critical_results(_small_ratio))),
+        Control("d = E from N = 20-28 at every L", NOT_SUPPORTED, n_star_slope_finding(critical_results(_fixed))),
         *(Control(name, expected, separability_finding(separability_results(opposed)))
           for (name, opposed), expected in zip(SEPARABILITY_OPPOSED.items(), (SUPPORTED, NOT_SUPPORTED))),
         Control("planted spike in every low-T run", SUPPORTED, instability_finding(planted_runs(True))),

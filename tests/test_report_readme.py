@@ -92,14 +92,15 @@ def test_readme_scorecard_is_the_committed_results():
     assert main(["--check"]) == 0, "README.md differs from docs/results/main.json: run scripts/readme_results.py"
 
 
-def test_the_fuller_studys_page_is_its_committed_results():
-    """docs/results/smollm2-full.md's scorecard is what its committed report (smollm2-full.json) renders to."""
-    page, results = ROOT / "docs" / "results" / "smollm2-full.md", ROOT / "docs" / "results" / "smollm2-full.json"
-    if not results.is_file():
-        pytest.skip("the fuller study's report is not committed")
+@pytest.mark.parametrize("study", ["smollm2-full", "smollm2-long"])
+def test_the_fuller_studys_pages_are_their_committed_results(study):
+    """docs/results/<study>.md's scorecard is what its committed report (<study>.json) renders to: the fuller study
+    and the 200-step run of the main settings."""
+    page, results = ROOT / "docs" / "results" / f"{study}.md", ROOT / "docs" / "results" / f"{study}.json"
+    assert results.is_file() and page.is_file(), f"the {study} study's committed report or page is missing"
     assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (
-        "docs/results/smollm2-full.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
-    assert begin_marker("docs/results/smollm2-full.json") in page.read_text()  # not main.json's marker
+        f"docs/results/{study}.md differs from its JSON: run scripts/readme_results.py --json ... --readme ...")
+    assert begin_marker(f"docs/results/{study}.json") in page.read_text()  # not main.json's marker
 
 
 def test_a_learning_rate_sweeps_page_leads_with_its_own_findings(tmp_path):

@@ -73,14 +73,17 @@ def test_call_entropy_sums_are_computed_once_per_call_and_keep_no_weights_alive(
     assert gone() is None  # the memo did not keep the last call's weights
 
 
-def test_one_calls_row_entropy_serves_the_entropy_monitor_the_collapse_alert_and_the_selection_monitor():
-    """The rows' entropy is computed once per call whichever monitor asks first, and the sums built from it equal
-    the ones computed from scratch bit for bit (entropy_sums and summarize_rows, dense and under top-k zeros)."""
+def test_one_calls_row_entropy_is_shared_and_never_computed_for_nothing():
+    """The entropy monitor and the collapse alert compute a call's row entropy once between them; the selection
+    monitor reads it when they came first and computes it itself otherwise (no extra pass when it is alone or first).
+    Counted as entropy passes over the weights (xlogy); the sums equal the ones computed from scratch bit for bit
+    (entropy_sums and summarize_rows, under top-k zeros)."""
     from unittest import mock
 
     from study.attention import AttentionSpec
     from study.callbacks import SelectionUniformityMonitor, base
-    from study.metrics import entropy_sums, summarize_rows, visible_row_entropy
+    from study.metrics import attention as metrics
+    from study.metrics import entropy_sums, summarize_rows
 
     torch.manual_seed(1)
     allowed = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
@@ -88,21 +91,31 @@ def test_one_calls_row_entropy_serves_the_entropy_monitor_the_collapse_alert_and
     weights = logits.masked_fill(logits < logits.topk(2, -1).values[..., -1:], -torch.inf).softmax(-1)  # top-2
     spec = AttentionSpec(top_k=2)
     selection = SelectionUniformityMonitor(selection_ks=(1, 4))
-    for selection_first in (True, False):
+    expected_entropy = entropy_sums(weights, allowed)
+    expected_selection = summarize_rows(weights, allowed, selection_ks=(1, 4), by_visible=selection.by_visible)
+    # (order of the monitors, entropy passes): entropy monitor + alert first, then selection: one pass for all
+    # three; selection alone: its own pass only; selection first: its pass, then the entropy monitor's
+    for order, passes in ((("entropy", "alert", "selection"), 1), (("selection",), 1), (("selection", "entropy"), 2)):
         probe = weights.clone()  # a new call
-        with mock.patch.object(base, "visible_row_entropy", wraps=visible_row_entropy) as computed:
-            if selection_first:
-                got_selection = selection.summarize(0, probe, allowed, spec)
-            got_entropy = base.call_entropy_sums(probe, allowed, spec)
-            if not selection_first:
-                got_selection = selection.summarize(0, probe, allowed, spec)
-            assert computed.call_count == 1
-        expected_entropy = entropy_sums(probe, allowed)
-        expected_selection = summarize_rows(probe, allowed, selection_ks=(1, 4), by_visible=selection.by_visible)
-        for key, value in expected_entropy.items():
-            assert torch.equal(got_entropy[key], value), key
-        for key, value in got_selection.items():
-            assert torch.equal(value, expected_selection[key]), key
+        got, full_size = {}, []
+        entropy = metrics.row_entropy
+
+        def counted(rows, entropy=entropy, full_size=full_size):  # the selection's top-k entropies are (.., k) wide
+            full_size.append(rows.shape == weights.shape)
+            return entropy(rows)
+
+        with mock.patch.object(metrics, "row_entropy", side_effect=counted):
+            for monitor in order:
+                if monitor == "selection":
+                    got[monitor] = selection.summarize(0, probe, allowed, spec)
+                else:
+                    got[monitor] = base.call_entropy_sums(probe, allowed, spec)
+        assert sum(full_size) == passes, order
+        for monitor, sums in got.items():
+            expected = expected_selection if monitor == "selection" else expected_entropy
+            assert sums.keys() <= expected.keys()
+            for key, value in sums.items():
+                assert torch.equal(value, expected[key]), (order, monitor, key)
 
 
 def test_a_logging_steps_scalars_are_one_tensorboard_event_read_back_as_each_tag(tmp_path):

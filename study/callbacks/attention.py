@@ -18,7 +18,7 @@ from study.callbacks.base import (
     Sums,
     TapMonitor,
     call_entropy_sums,
-    call_row_entropy,
+    known_row_entropy,
     layer_spread,
     nanmean,
     row_distribution,
@@ -195,7 +195,7 @@ class SelectionUniformityMonitor(TapMonitor):
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         rows = row_distribution(weights, spec)
         sums = summarize_rows(rows, allowed, selection_ks=self.selection_ks, by_visible=self.by_visible,
-                              entropy=call_row_entropy(weights, allowed, spec))  # fmt: skip
+                              entropy=known_row_entropy(weights, allowed, spec))  # fmt: skip
         sums.pop("entropy")  # the entropy monitor's
         sums.pop("normalized_entropy")
         return sums

@@ -383,11 +383,19 @@ def _this_call(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> _LastCa
 
 def call_row_entropy(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> Tensor:
     """The entropy of each row of one tapped call's row distribution (`visible_row_entropy`), computed once
-    however many monitors ask: the entropy monitor, the collapse alert and the selection monitor all read it."""
+    however many monitors ask: the entropy monitor and the collapse alert compute or read it, the selection monitor
+    reads it when one of them came first (`known_row_entropy`)."""
     memo = _this_call(weights, allowed, spec)
     if memo.entropy is None:
         memo.entropy = visible_row_entropy(row_distribution(weights, spec), allowed)
     return memo.entropy
+
+
+def known_row_entropy(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> Tensor | None:
+    """This call's `call_row_entropy` if a monitor has already computed it, else None (nothing computed here): for
+    a statistic that computes the entropy anyway from its own copy of the weights (the selection monitor), so that
+    alone or first it pays no extra pass."""
+    return _this_call(weights, allowed, spec).entropy
 
 
 def call_entropy_sums(weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:

@@ -281,10 +281,7 @@ def sample_rows(
 def _rows(weights: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The one full-size copy (fp32, zero outside the visible keys), visible counts, validity masks, log n."""
     w = weights.to(torch.float32).masked_fill(~allowed, 0.0)
-    # Counts from the mask as given (often (1, 1, Lq, Lk)), then broadcast: summing the expanded mask would
-    # cost as much as a pass over the weights.
-    n = visible_count(allowed).expand(weights.shape[:-1])  # (B, H, Lq)
-    return w, n, n >= 1, n >= 2, _log_visible(n)
+    return (w, *_counts(weights, allowed))
 
 
 def _head_sums(per_row: dict[str, tuple[Tensor, Tensor]], valid: Tensor, nondegenerate: Tensor) -> dict[str, Tensor]:
@@ -306,7 +303,9 @@ def visible_row_entropy(weights: Tensor, allowed: Tensor) -> Tensor:
 
 
 def _counts(weights: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """`_rows` without the copy: visible counts, validity masks and log n (from the mask alone)."""
+    """Visible counts (B, H, Lq), the validity masks n >= 1 and n >= 2, and log n, from the mask alone."""
+    # Counts from the mask as given (often (1, 1, Lq, Lk)), then broadcast: summing the expanded mask would
+    # cost as much as a pass over the weights.
     n = visible_count(allowed).expand(weights.shape[:-1])
     return n, n >= 1, n >= 2, _log_visible(n)
 

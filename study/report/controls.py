@@ -177,19 +177,21 @@ class PlantedLogits:
         return True
 
 
-def _frozen_settings(length: int, *, temperatures=(1.0,), separability_ns=(SEPARABILITY_N,)):
-    """Analysis settings for a planted layer of `length` keys (only the grids the controls' analyses read)."""
+def _frozen_settings(lengths: tuple[int, ...], *, temperatures=(1.0,), separability_ns=(), critical_ns=()):
+    """Analysis settings for planted layers of up to max(lengths) keys (only the grids the controls' analyses read;
+    Algorithm 3 at the KS level the report reads)."""
     import torch
 
     from study.frozen.analysis.grids import Grids
     from study.frozen.analysis.registration import Settings
 
-    grids = Grids(lengths=[length], n_fixed=1, ns=[], distance_ns=[], critical_ns=[],
+    grids = Grids(lengths=list(lengths), n_fixed=1, ns=[], distance_ns=[], critical_ns=list(critical_ns),
                   separability_ns=list(separability_ns), temperatures=list(temperatures),
-                  epsilons=[FROZEN_EPSILON], spectral_rows=torch.arange(1, length))  # fmt: skip
-    return Settings(grids=grids, mc_samples=0, seed=0, alphas=[])
+                  epsilons=[FROZEN_EPSILON], spectral_rows=torch.arange(1, max(lengths)))  # fmt: skip
+    return Settings(grids=grids, mc_samples=0, seed=0, alphas=[ALPHA])
 
 
+@lru_cache(maxsize=2)
 def frozen_gradient_results(scale: float) -> dict:
     """results.json's Algorithm 5 blocks for planted logits (WINDOWS windows of the two-head layer, W_q scaled by
     `scale`), written by the frozen analysis's own step."""
@@ -199,7 +201,7 @@ def frozen_gradient_results(scale: float) -> dict:
     from study.frozen.analysis.registration import LayerInput
 
     logits = torch.cat([planted_logits(scale, window) for window in range(WINDOWS)])  # (WINDOWS, 2, L, L)
-    settings = _frozen_settings(LENGTH, temperatures=FROZEN_TEMPERATURES)
+    settings = _frozen_settings((LENGTH,), temperatures=FROZEN_TEMPERATURES)
     layer = LayerInput(PlantedLogits(logits), 0, torch.zeros(0), torch.zeros(0), torch.float64)
     results = GRADIENT.results(settings, [GRADIENT.layer(settings, layer)])
     return {**results, "choices": {"temperatures": list(FROZEN_TEMPERATURES), "epsilons": [FROZEN_EPSILON]},
@@ -234,16 +236,9 @@ def planted_distances(first_equal: Callable[[int, int, int], int]):
 def critical_results(first_equal: Callable[[int, int, int], int]) -> dict:
     """results.json's Algorithm 3 blocks for `planted_distances`, written by the frozen analysis's own results
     step (the KS tests and N* per window)."""
-    import torch
-
     from study.frozen.analysis.critical import CRITICAL
-    from study.frozen.analysis.grids import Grids
-    from study.frozen.analysis.registration import Settings
 
-    grids = Grids(lengths=list(CRITICAL_LENGTHS), n_fixed=1, ns=[], distance_ns=[], critical_ns=list(CRITICAL_NS),
-                  separability_ns=[], temperatures=[1.0], epsilons=[FROZEN_EPSILON],
-                  spectral_rows=torch.arange(1))  # fmt: skip
-    settings = Settings(grids=grids, mc_samples=0, seed=0, alphas=[ALPHA])
+    settings = _frozen_settings(CRITICAL_LENGTHS, critical_ns=CRITICAL_NS)
     return {**CRITICAL.results(settings, planted_distances(first_equal)), "choices": {"alphas": [ALPHA]},
             "source": {"model": "planted d and E"}}  # fmt: skip
 
@@ -257,7 +252,7 @@ def _large_ratio(window: int, li: int, length: int) -> int:
 
 
 def _fixed(window: int, li: int, length: int) -> int:
-    return (20, 24, 28)[window % 3]
+    return (20, 24, 28)[(window + li) % 3]  # whatever L: a slope near 0, with a spread between windows
 
 
 def planted_separability(opposed: int, window: int):
@@ -305,7 +300,7 @@ def separability_results(opposed: tuple[int, ...]) -> dict:
 
     planted = [planted_separability(m, window) for window, m in enumerate(opposed)]
     weights, vectors = (torch.cat(parts) for parts in zip(*planted))
-    settings = _frozen_settings(SEPARABILITY_LENGTH)
+    settings = _frozen_settings((SEPARABILITY_LENGTH,), separability_ns=(SEPARABILITY_N,))
     layer = LayerInput(PlantedLogits(torch.zeros(0)), 0, weights, vectors, torch.float64)
     return {**SEPARABILITY.results(settings, [SEPARABILITY.layer(settings, layer)]),
             "source": {"model": "planted top-N geometry"}}

@@ -167,3 +167,26 @@ def test_bad_windows_fail_naming_the_value(saved, tmp_path, capsys, extra, messa
                  *extra]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_estimate_analyses_the_deepest_layer_once_scales_it_and_writes_nothing(saved, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from study.frozen.analysis import command
+
+    analysed = []
+    real = command._analyze
+
+    def recording(args, model, input_ids, lengths, layers):
+        analysed.append(list(layers))
+        return real(args, model, input_ids, lengths, layers)
+
+    monkeypatch.setattr(command, "_analyze", recording)
+    root, _ = saved
+    out = tmp_path / "out"
+    assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),
+                 "--layers", "0", "1", *FAST, "--estimate"]) == 0  # fmt: skip
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert analysed == [[1]]  # the deepest: its capture is the whole forward pass the analysis needs
+    assert set(found["parts"]) == {"load", "capture", "layers"} and all(v >= 0 for v in found["parts"].values())
+    assert found["seconds"] == pytest.approx(sum(found["parts"].values()))
+    assert not out.exists()

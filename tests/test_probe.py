@@ -398,3 +398,42 @@ def test_the_probe_loop_keeps_no_tensor_alive_across_temperatures(tmp_path, text
         one_temperature(t)
     after = _live_tensors()
     assert after == before, f"live tensors (count, bytes) grew from {before} to {after} over two temperatures"
+
+
+def test_the_estimate_scales_each_kind_of_step_to_the_probes_counts_and_writes_nothing(tmp_path, text_file,
+                                                                                     monkeypatch, capsys):
+    """`--estimate` with a planted cost per call (the model is real, the clock is not): every part is the closed
+    form of the probe's counts, the single-layer cost interpolated between the shallowest and deepest layer."""
+    from study.frozen.probe import command
+
+    def planted(call, model, windows, temperature, *rest):
+        name, n = call.__name__, len(windows) if windows.ndim == 2 else 1
+        if name == "all_layers":
+            return 1.0 * n
+        if name == "single_layer":  # (layer, rows, seed): cheaper with depth
+            return (4.0 - rest[0]) * n
+        if name == "hessian":  # (iterations, seed)
+            return 0.25 * rest[0]
+        assert name == "qk_gradient" and n == 1  # (layer,): None is every layer
+        return 0.5 if rest[0] is None else 0.1 * (3 - rest[0])
+
+    monkeypatch.setattr(command, "_seconds", planted)
+    folder = save_tiny(tmp_path, text_file, "llama", num_hidden_layers=3)
+    grid = ["--temperatures", "0.001", "0.01", "0.1", "1"]
+    argv = args_for(folder, text_file, tmp_path / "o", *grid, "--windows", "5", "--single-layers", "0", "1", "2",
+                    "--hessian-iterations", "6", "--hessian-temperatures", "0.01", "0.1",
+                    "--fp64-windows", "2", "--fp64-temperatures", "0.001", "0.01")  # fmt: skip
+    assert probe.main([*argv, "--estimate"]) == 0
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    parts = found["parts"]
+    assert parts["every layer"] == pytest.approx(4 * 5 * 1.0)  # 4 T x 5 windows x 1 s a window
+    # timed at 2 iterations (0.5 s), scaled to 6: 1.5 s at each of 2 T, the fp64 reference's 0.01 once more
+    assert parts["hessian"] == pytest.approx(2 * 1.5)
+    assert parts["single layers"] == pytest.approx(4 * 5 * (4.0 + 3.0 + 2.0))  # layer 1 interpolated
+    assert parts["fp64 reference"] == pytest.approx(2 * 2 * (0.5 + 0.3 + 0.2 + 0.1) + 1 * 1.5)
+    assert found["seconds"] == pytest.approx(sum(parts.values())) and found["timed_s"] > 0
+    assert not (tmp_path / "o").exists()
+    # nothing of what the options leave out
+    assert probe.main([*args_for(folder, text_file, tmp_path / "o", "--single-layers", "--hessian-iterations", "0",
+                                 "--fp64-windows", "0"), "--estimate"]) == 0  # fmt: skip
+    assert set(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["parts"]) == {"load", "every layer"}

@@ -1,10 +1,15 @@
-"""The sweep's up-front time estimate: a few timed training steps of one run, scaled to the runs still to do."""
+"""The sweep's up-front time estimate: a few timed training steps of one run, scaled to the runs still to do, and
+the probe and the analysis timed by their own `--estimate` (each kind of unit timed once, scaled to their counts);
+the total schedules them as the sweep will (`--parallel` slots, the frozen-model steps first)."""
 
 from __future__ import annotations
 
 import gc
+import heapq
+import json
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -12,6 +17,7 @@ from study.callbacks.steptime import StepTimer
 from study.progress import format_seconds
 from study.report.read import dotted_get
 from study.sweep.config import Plan, Run
+from study.sweep.frozen_steps import frozen_steps
 from study.sweep.run import run_console
 
 
@@ -84,19 +90,97 @@ def estimate_run(run: Run, step_s: float, setup_s: float) -> float:
     return setup_s + max_steps * step_s + (checks + 1) * val_batches * step_s / 3
 
 
+def makespan(jobs: list[float], slots: int) -> float:
+    """Wall time of ``jobs`` (seconds each) started in order, each in the first slot free, as the sweep's pool
+    starts its jobs."""
+    free = [0.0] * max(slots, 1)
+    for seconds in jobs:
+        heapq.heappush(free, heapq.heappop(free) + seconds)
+    return max(free)
+
+
 def plan_estimate(
-    plan: Plan, todo: list[Run], pretrain_todo: bool, timing: dict[str, float], parallel: int
+    plan: Plan, todo: list[Run], pretrain_todo: bool, timing: dict[str, float], parallel: int,
+    steps: dict[str, float] | None = None,
 ) -> float:
-    total = sum(estimate_run(r, timing["step_s"], timing["setup_s"]) for r in todo) / max(parallel, 1)
+    """The sweep's wall time: pretraining, then the runs and the frozen-model ``steps`` ({label: seconds}) in
+    ``parallel`` slots, the steps first (`study.sweep.pool.run_pool`); one at a time, the steps after the runs."""
+    runs = [estimate_run(r, timing["step_s"], timing["setup_s"]) for r in todo]
+    frozen = list((steps or {}).values())
+    total = makespan(frozen + runs, parallel) if parallel > 1 else sum(runs) + sum(frozen)
     if pretrain_todo and plan.pretrain is not None:
         total += estimate_run(plan.pretrain, timing["step_s"], timing["setup_s"])
     return total
 
 
+def read_estimate(proc: subprocess.Popen, started: float) -> float | str:
+    """Seconds from a finished `--estimate` process, or why there are none."""
+    out, err = proc.communicate()
+    try:
+        found = json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        seconds = float(found["seconds"])
+    except (ValueError, IndexError, KeyError, TypeError):
+        return f"exit code {proc.returncode}: {(err.strip().splitlines() or ['no output'])[-1]}"
+    # a fresh process's start-up and imports are the pool's too; what timing took beyond the estimate's is not
+    return seconds + max(time.perf_counter() - started - float(found.get("timed_s", 0.0)), 0.0)
+
+
+class StepEstimates:
+    """The probe's and the analysis' own `--estimate`s (each in a fresh process, as the pool runs them; those not
+    cached), ``slots`` at a time, as the pool runs them beside each other. Started after the step timing: beside
+    it they and the timed steps slowed each other (two cores: 5.4 s a step against 2.5, the probe's estimate
+    doubled). `result()` waits for them; `stop()` ends them."""
+
+    def __init__(self, plan: Plan, pretrain_todo: bool, slots: int = 1) -> None:
+        steps = [step for step in frozen_steps(plan) if not step.cached()]
+        unmade = str(plan.pretrain.dir / "hf") if pretrain_todo and plan.pretrain is not None else None
+        # a step on the model pretraining will make cannot be timed before it
+        self.found: dict[str, float | str] = {
+            step.label: "its model is the one pretraining makes" for step in steps if unmade in step.argv}
+        self.steps = [step for step in steps if step.label not in self.found]
+        self.slots = max(slots, 1)
+        self._procs: list[subprocess.Popen] = []
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for first in range(0, len(self.steps), self.slots):
+            group = self.steps[first:first + self.slots]
+            with self._lock:
+                if self._stopped:
+                    return
+                started = time.perf_counter()
+                self._procs = [subprocess.Popen([*step.command(), "--estimate"], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True) for step in group]
+            for step, proc in zip(group, self._procs):
+                self.found[step.label] = read_estimate(proc, started)
+
+    def start(self) -> StepEstimates:
+        if self.steps:
+            self._thread.start()
+        return self
+
+    def result(self) -> dict[str, float | str]:
+        if self._thread.ident is not None:
+            self._thread.join()
+        return self.found
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for proc in self._procs:
+                if proc.poll() is None:
+                    proc.kill()
+        self.result()
+
+
 def estimate_time(
     plan: Plan, todo: list[Run], pretrain_todo: bool, parallel: int, quiet: bool = True, subprocesses: bool = False
 ) -> float | None:
-    """Seconds the runs to do should take, from a few timed steps of one of them (printed); None if it fails.
+    """Print the sweep's estimated wall time: the runs to do from a few timed steps of one of them, the probe and
+    the analysis from their own `--estimate` (`StepEstimates`), scheduled as the sweep runs them (`plan_estimate`).
+    Returns the runs' part (pretraining included), the progress lines' ETA; None if timing the steps fails.
 
     With ``subprocesses`` (each run a fresh process: `--parallel` or DDP) every run also pays an interpreter's
     start-up and imports, measured by a fresh interpreter started beside the step timing (so it sees the same
@@ -123,16 +207,25 @@ def estimate_time(
         print(f"no time estimate: timing its first steps failed ({type(err).__name__}: {err})", flush=True)
         return None
     startup_s = startup_seconds(probe) if probe is not None else 0.0
+    found = StepEstimates(plan, pretrain_todo, slots=parallel).start().result()
+    steps = {label: s for label, s in found.items() if isinstance(s, float)}
     timing = {**timing, "setup_s": timing["setup_s"] + startup_s}
-    seconds = plan_estimate(plan, todo, pretrain_todo, timing, parallel)
+    seconds = plan_estimate(plan, todo, pretrain_todo, timing, parallel, steps)
+    nouns = {"probe": "the probe", "analyze": "the analysis"}
+    timed = [f"{nouns[label]} {format_seconds(s)}" for label, s in steps.items()]
+    failed = [f"{nouns[label]} not timed ({s})" for label, s in found.items() if not isinstance(s, float)]
     print(
         f"Estimated time: about {format_seconds(seconds)} for {len(todo)} runs"
         + (" + pretraining" if pretrain_todo else "")
-        # not timed up front: with --parallel they share the runs' slots, so the runs end later than this
-        + (" (the probe and the analysis not counted)" if plan.probe or plan.analyze else "")
+        + "".join(f" + {nouns[label]}" for label in steps)
+        + (f", {parallel} at a time" if parallel > 1 else "")
         + f", from a measured {timing['step_s'] * 1000:.0f} ms/step and {timing['setup_s']:.1f} s setup per run"
         + (f", {startup_s:.1f} s of it a fresh process's start-up" if startup_s else "")
-        + f" (timed on {timed_run.name}; the monitors' logging steps not counted).",
+        + f" (timed on {timed_run.name}; the monitors' logging steps not counted)"
+        + (f"; {', '.join(timed)} by their own --estimate" if timed else "")
+        + (f"; {'; '.join(failed)}" if failed else "")
+        + ".",
         flush=True,
     )
-    return seconds
+    # the progress lines' ETA counts the runs (and pretraining), as their own durations later do
+    return plan_estimate(plan, todo, pretrain_todo, timing, parallel)

@@ -14,7 +14,9 @@ logs/analysis/<model name>/; an existing folder is never overwritten: a suffix -
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
 from study.errors import ConfigError
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's own); 1 is much faster on a shared, busy machine")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip the PNG figures")
+    p.add_argument("--estimate", action="store_true",
+                   help="analyse the first layer only and print the whole analysis's estimated seconds as JSON (what "
+                        "`study sweep` prints up front); writes nothing")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to the output folder")
     return p
 
@@ -163,13 +168,37 @@ def resolve_lengths(args, context: int | None) -> tuple[list[int] | None, int]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def run(args) -> Path:
-    import torch
-
+def _analyze(args, model, input_ids, lengths, layers) -> dict:
+    """Algorithms 1-5 and Lemma 1 with the command's settings on ``layers``."""
     from .grids import PAPER_EPSILONS, PAPER_NS
-    from .outputs import write_outputs, write_tensorboard
     from .protocol import analyze
 
+    return analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
+                   temperatures=args.temperatures, epsilons=args.epsilons or PAPER_EPSILONS, vectors=args.vectors,
+                   mc_samples=args.mc_samples, seed=args.seed, layers=layers, analyses=args.analyses,
+                   critical_ns=args.critical_ns, show_progress=not args.estimate)
+
+
+def estimate(args, model, input_ids, lengths, n_layers: int, started: float) -> dict:
+    """Seconds the analysis should take, measured as a sweep measures its runs: everything up to the analysis
+    done as `run` does it, then the last chosen layer analysed on every window (its capture is the forward pass as
+    deep as the whole analysis goes) and the layer's own analysis scaled to the layer count.
+    Writing the figures is not timed. Returns {"seconds", "parts", "timed_s"}, as `study probe --estimate`."""
+    layers = list(args.layers) if args.layers else list(range(n_layers))
+    prepared = time.perf_counter()
+    results = _analyze(args, model, input_ids, lengths, layers[-1:])
+    capture = results["seconds_by_step"]["capture"]
+    per_layer = time.perf_counter() - prepared - capture
+    parts = {"load": prepared - started, "capture": capture, "layers": len(layers) * per_layer}
+    return {"seconds": sum(parts.values()), "parts": parts, "timed_s": time.perf_counter() - started}
+
+
+def run(args) -> Path | None:
+    import torch
+
+    from .outputs import write_outputs, write_tensorboard
+
+    started = time.perf_counter()
     check_numbers(args)
     from study.frozen.load import config_context, is_tokenizer_dir, model_kind
     from study.frozen.text import documents, read_text
@@ -192,8 +221,8 @@ def run(args) -> Path:
 
     context = context_length(model)
     lengths, longest = resolve_lengths(args, context)  # again, now that the model's context is known
+    n_layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
     if args.layers:
-        n_layers = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
         bad = [i for i in args.layers if n_layers is not None and i >= n_layers]
         if bad:
             raise ConfigError(f"layer {bad[0]} not in the model, which has layers 0..{n_layers - 1}")
@@ -215,12 +244,14 @@ def run(args) -> Path:
         windows = text_windows(tok, docs, args.windows, longest, seed=args.seed)
         input_ids, origins = windows.ids.to(args.device), windows.origins
 
+    if args.estimate:
+        from study.attention.hf import attention_modules
+
+        print(json.dumps(estimate(args, model, input_ids, lengths, n_layers or len(attention_modules(model)), started)))
+        return None
     out = Path(args.out) if args.out else Path("logs") / "analysis" / model_name(named, kind if named == args.model else "hub")
     out = fresh_dir(out)
-    results = analyze(model, input_ids, lengths=lengths, ns=args.ns or PAPER_NS, n_fixed=args.n_fixed,
-                      temperatures=args.temperatures, epsilons=args.epsilons or PAPER_EPSILONS, vectors=args.vectors, mc_samples=args.mc_samples,
-                      seed=args.seed, layers=args.layers, analyses=args.analyses, critical_ns=args.critical_ns,
-                      show_progress=True)
+    results = _analyze(args, model, input_ids, lengths, args.layers)
     results["source"] = {"model": named, "model_kind": kind, "text": args.text,
                          "tokenizer": args.tokenizer or "the model's own", "device": args.device,
                          "windows": origins, "argv": getattr(args, "argv", None)}

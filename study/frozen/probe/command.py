@@ -37,6 +37,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true",
                    help="no TensorBoard events (a sweep's probe: its folder would show as a run beside the sweep's runs)")
     p.add_argument("--quiet", action="store_true", help="no progress report (a bar on a terminal, else a line per step)")
+    p.add_argument("--estimate", action="store_true",
+                   help="time each kind of step once on a few windows and print the probe's estimated seconds as JSON "
+                        "(what `study sweep` prints up front); measures nothing else and writes nothing")
     return p
 
 
@@ -129,16 +133,26 @@ def load_model(name: str):
     return frozen.model, frozen.tokenizer
 
 
-def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[str] | None = None,
-              show_progress: bool = False) -> dict:  # fmt: skip
-    """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
-    ``show_progress``, one report per step with the time left (`study.progress`)."""
+@dataclass
+class ProbeWork:
+    """The loaded model and what the probe will do with it: the steps in order (`run_probe`, `estimate_probe`)."""
+
+    model: torch.nn.Module
+    ids: torch.Tensor  # the windows (windows x seq_len), the same at every T
+    windows: object  # `study.frozen.windows.TextWindows`: where each window comes from
+    layers: list[int]  # the single-layer tests' layers
+    grid: list[float]
+    hessian_at: set[float]
+    fp64_at: set[float]
+    steps: list[tuple[object, float]]  # ("all", T), (layer, T), ("fp64", T)
+
+
+def prepare(args: argparse.Namespace, docs: list[tuple[str, str]]) -> ProbeWork:
+    """Load the model and the windows and list the steps: everything the probe does before measuring."""
     from study.frozen.load import check_seq_len, context_of
     from study.frozen.probe import measure
     from study.frozen.windows import text_windows
-    from study.progress import progress
 
-    start = time.perf_counter()
     model, tokenizer = load_model(args.model)
     check_seq_len(args.seq_len, context_of(model), args.model)  # a checkpoint's context is known only now
     # the documents take turns, so that the fp64 reference's first windows come from different documents
@@ -151,9 +165,23 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
     fp64_at = fp64_at if args.fp64_windows else set()
     steps = [("all", t) for t in grid] + [(layer, t) for layer in layers for t in grid]
     steps += [("fp64", t) for t in grid if t in fp64_at]
+    return ProbeWork(model, windows.ids, windows, layers, grid, hessian_at, fp64_at, steps)
+
+
+def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[str] | None = None,
+              show_progress: bool = False) -> dict:  # fmt: skip
+    """Every step in turn (T in every layer, then each single layer, then the fp64 reference); with
+    ``show_progress``, one report per step with the time left (`study.progress`)."""
+    from study.frozen.probe import measure
+    from study.progress import progress
+
+    start = time.perf_counter()
+    work = prepare(args, docs)
+    model, windows, layers, grid = work.model, work.windows, work.layers, work.grid
+    hessian_at, fp64_at, steps = work.hessian_at, work.fp64_at, work.steps
     results = {t: None for t in grid}
     single = {layer: {} for layer in layers}
-    ids = windows.ids
+    ids = work.ids
 
     def label(step) -> str:
         what, t = step
@@ -189,6 +217,70 @@ def run_probe(args: argparse.Namespace, docs: list[tuple[str, str]], argv: list[
     }  # fmt: skip
 
 
+# What `estimate_probe` times each kind of step on; the probe's own counts scale it up.
+TIMED_WINDOWS = 2  # windows of the every-layer and single-layer steps (a pass runs up to WINDOWS_PER_PASS at once)
+TIMED_HESSIAN_ITERATIONS = 2  # power iterations of the Hessian (its cost is about linear in them)
+
+
+def _seconds(call, *args) -> float:
+    started = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - started
+
+
+def _across(layers: list[int], seconds_at) -> float:
+    """The summed cost of a single-layer step over ``layers``: a layer's backward pass stops at it, so the cost
+    falls with depth; the shallowest and the deepest layer are timed (``seconds_at(layer)``), those between
+    interpolated."""
+    first, last = seconds_at(layers[0]), (seconds_at(layers[-1]) if len(layers) > 1 else None)
+    if last is None:
+        return first
+    return sum(first + (last - first) * (layer - layers[0]) / (layers[-1] - layers[0]) for layer in layers)
+
+
+def estimate_probe(args: argparse.Namespace, docs: list[tuple[str, str]]) -> dict:
+    """Seconds the probe should take, measured as a sweep measures its runs: the model and windows loaded, then
+    each kind of step timed once, after a warm-up, at the grid's lowest T (on `TIMED_WINDOWS` windows, the single-layer step in the
+    first and the last chosen layer; the Hessian for `TIMED_HESSIAN_ITERATIONS` iterations; the fp64 reference on
+    one window) and scaled to the probe's counts.
+    Writes nothing. Returns {"seconds": total, "parts": {part: seconds}, "timed_s": what timing it took}."""
+    from study.frozen.probe import measure
+
+    started = time.perf_counter()
+    work = prepare(args, docs)
+    model, t, layers = work.model, work.grid[0], work.layers
+    parts = {"load": time.perf_counter() - started}
+    timed = min(TIMED_WINDOWS, len(work.ids))
+    ids = work.ids[:timed]
+    iterations = min(TIMED_HESSIAN_ITERATIONS, args.hessian_iterations)
+    per_iteration = args.hessian_iterations / iterations if iterations else 0.0
+
+    def hessian_s() -> float:
+        return _seconds(measure.hessian, model, work.ids[0], t, iterations, args.seed) * per_iteration
+
+    # a fresh process's first backward pass pays one-off set-up (up to 1.4x a step, measured): warm up first
+    measure.all_layers(model, work.ids[:1], t, args.jacobian_rows, args.seed)
+    every = _seconds(measure.all_layers, model, ids, t, args.jacobian_rows, args.seed) / timed
+    parts["every layer"] = len(work.grid) * args.windows * every
+    if work.hessian_at:
+        parts["hessian"] = len(work.hessian_at) * hessian_s()
+    if layers:
+        one = _across(layers, lambda layer: _seconds(measure.single_layer, model, ids, t, layer, args.jacobian_rows,
+                                                     args.seed) / timed)  # fmt: skip
+        parts["single layers"] = len(work.grid) * args.windows * one
+    if work.fp64_at:
+        model.double()
+        per_t = args.fp64_windows * _seconds(measure.qk_gradient, model, work.ids[:1], t, None)
+        if layers:
+            per_t += args.fp64_windows * _across(layers, lambda layer: _seconds(measure.qk_gradient, model,
+                                                                                work.ids[:1], t, layer))  # fmt: skip
+        parts["fp64 reference"] = len(work.fp64_at) * per_t
+        if work.fp64_at & work.hessian_at:
+            parts["fp64 reference"] += len(work.fp64_at & work.hessian_at) * hessian_s()
+        model.float()
+    return {"seconds": sum(parts.values()), "parts": parts, "timed_s": time.perf_counter() - started}
+
+
 def main(argv: list[str] | None = None) -> int:
     from study.console import silence_library_notices
     from study.frozen.probe.writers import console_lines, write_figure, write_tensorboard
@@ -200,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         docs = check_args(args)
         if args.threads:
             torch.set_num_threads(args.threads)
+        if args.estimate:
+            print(json.dumps(estimate_probe(args, docs)))
+            return 0
         report = run_probe(args, docs, argv=list(argv) if argv is not None else sys.argv[1:], show_progress=not args.quiet)
     except ConfigError as err:
         print(f"study probe: {err}", file=sys.stderr)

@@ -358,6 +358,31 @@ def test_a_baseline_validated_once_per_setting_is_shared_by_its_seeds():
     assert [r.values.get(S.VAL_LOSS_BASELINE) for r in runs] == [7.4, 7.4, None, None]
 
 
+def test_the_drift_is_read_on_the_held_out_batches_not_the_training_ones():
+    """A run whose training-batch entropy swings by 0.3 of log k (the next batch, not the model) while the validation
+    value moves by 0.02: the drift is 0.02. Its seed-1 twin never validated at step 0 and gets the seed-0 value."""
+    from pathlib import Path
+
+    from study.report import sources
+    from study.report.read import RunData
+
+    log_k = math.log(sources.SELECTION_K)
+
+    def read(seed: int, val: list) -> Summary:
+        scalars = {sources.SELECTION_ENTROPY: [(0, 0.2 * log_k), (5, 0.5 * log_k), (12, 0.5 * log_k)],
+                   sources.VAL_SELECTION_ENTROPY: val}  # fmt: skip
+        status = {"state": "finished", "global_step": 12}
+        return S.summarize(RunData(f"T1_s{seed}", Path("."), {"temperature": 1.0, "seed": seed}, status, {}, scalars))
+
+    first = read(0, [(0, 0.40 * log_k), (12, 0.42 * log_k)])
+    second = read(1, [(12, 0.45 * log_k)])
+    assert first.values[S.SELECTION_DRIFT] == pytest.approx(0.02)
+    assert second.values[S.SELECTION_DRIFT] is None  # no step-0 value of its own ...
+    S.share_baselines([first, second])
+    assert second.values[S.SELECTION_DRIFT] == pytest.approx(0.05)  # ... until its setting's is shared
+    assert first.values[S.SELECTION_FINAL] == pytest.approx(0.5)  # the last training value, as before
+
+
 def test_per_layer_table_says_why_it_is_empty():
     from study.report.markdown import layer_table
 

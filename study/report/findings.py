@@ -249,15 +249,16 @@ def drift_finding(summaries: list[Summary]) -> Finding:
 
     def compute() -> Interval:
         if runs and not values:
-            raise TooFew(f"{len(runs)} runs, none with 2 logged training points of H(top-k)")
+            raise TooFew(f"{len(runs)} runs, none with H(top-k) on the validation batches at step 0 (BaselineValidation) "
+                         "and at the end")
         return mean_interval(values, what="seeds")
 
     return _training(_judge(
         f"6. the selected set drifts towards uniform over training (fixed k={sources.SELECTION_K})",
         "no change",
-        f"last - first H(top-{sources.SELECTION_K})/log {sources.SELECTION_K} on training steps (the training "
-        "batches of those steps, not one held-out batch), per run; mean over each seed's runs (all T), t-interval "
-        "over seeds (the independent unit)",
+        f"H(top-{sources.SELECTION_K})/log {sources.SELECTION_K} on the validation batches after the last step minus "
+        "at step 0 (the same held-out texts; the step-0 value is the setting's, shared by its seeds), per run; mean "
+        "over each seed's runs (all T), t-interval over seeds (the independent unit)",
         DRIFT_RULE,
         compute,
     ), "selection tends to uniform")

@@ -26,6 +26,7 @@ SATURATED_ROWS = t.val(t.attention("saturated"))  # rows with max weight > 0.99,
 # fixed-k uniformity of the selected set (training-step samples) and the Lemma 1 bins (validation)
 SELECTION_K = 4  # the fixed k of the selection findings (one of SelectionUniformityMonitor's `selection_ks`)
 SELECTION_ENTROPY = t.attention(t.topk_statistic("selection_entropy", SELECTION_K))
+VAL_SELECTION_ENTROPY = t.val(SELECTION_ENTROPY)  # on the validation batches: the same held-out texts at every step
 VAL_SELECTION_TV = t.val(t.attention(t.topk_statistic("selection_tv", SELECTION_K)))
 
 

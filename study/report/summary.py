@@ -33,7 +33,8 @@ ENTRY_RATIO_MAX = "entry_ratio_max"  # its largest value in the run (train and v
 NEAR_QUARTER = "frac_near_quarter_T"  # final validation rows whose largest entry is >= 0.9 x 1/(4T)
 SATURATED = "frac_saturated"
 VAL_LOSS_BASELINE = "val_loss_step0"  # val/loss logged at step 0 (BaselineValidation): the frozen model under T
-SELECTION_DRIFT = "selection_drift"  # last - first training H(top-k)/log k
+VAL_SELECTION_STEP0 = "val_selection_step0"  # validation H(top-k)/log k at step 0 (BaselineValidation)
+SELECTION_DRIFT = "selection_drift"  # validation H(top-k)/log k at the end minus at step 0 (`held_out_drift`)
 SELECTION_FINAL = "selection_final"  # final training H(top-k)/log k
 DILUTION_SLOPE = "dilution_slope"  # log-log slope of the validation max weight against the visible count n
 CLIPPED = "clipped_fraction"
@@ -131,14 +132,17 @@ def _val_or_train(run: RunData, val_tag: str, train_tag: str | None = None) -> f
     return value if value is not None or train_tag is None else _median(run.series(train_tag))
 
 
-def _selection(run: RunData) -> tuple[float | None, float | None]:
-    """(last - first, last) of the training-step H(top-k)/log k at k = sources.SELECTION_K."""
+def _selection_final(run: RunData) -> float | None:
+    """The last training-step H(top-k)/log k at k = sources.SELECTION_K."""
     series = run.series(sources.SELECTION_ENTROPY)
-    if not series:
-        return None, None
-    log_k = math.log(sources.SELECTION_K)
-    drift = (series[-1][1] - series[0][1]) / log_k if len(series) >= 2 else None  # one point: no drift to measure
-    return drift, series[-1][1] / log_k
+    return series[-1][1] / math.log(sources.SELECTION_K) if series else None
+
+
+def held_out_drift(values: dict[str, Any], final: dict[str, float | None]) -> float | None:
+    """Validation H(top-k)/log k after the last step minus before the first: the same held-out batches both times
+    (training batches differ from step to step, which the drift would read as change). None without both."""
+    first, last = values.get(VAL_SELECTION_STEP0), final.get(sources.VAL_SELECTION_ENTROPY)
+    return None if first is None or last is None else last / math.log(sources.SELECTION_K) - first
 
 
 def last_by_group(run: RunData, regex: str) -> dict[int, float]:
@@ -177,6 +181,11 @@ def layer_gradients(run: RunData) -> dict[str, dict[int, float]]:
     return out
 
 
+def _scaled(entropy: float | None, k: int) -> float | None:
+    """H(top-k) as a fraction of its maximum, log k."""
+    return None if entropy is None else entropy / math.log(k)
+
+
 def _baseline(series: list[tuple[int, float]] | None) -> float | None:
     """The value logged at step 0 when a later one follows (BaselineValidation's step-0 validation)."""
     if series and len(series) >= 2 and series[0][0] == 0:
@@ -192,7 +201,6 @@ def _values(run: RunData) -> dict[str, Any]:
     maxima = [m for m in maxima if m is not None]
     ratios = [_last(run.series(sources.VAL_ENTRY_RATIO_MAX))] + [v for _, v in run.series(sources.ENTRY_RATIO_MAX) or []]
     ratios = [r for r in ratios if r is not None]
-    drift, final_sel = _selection(run)
     bins = {n: v for n, v in last_by_group(run, sources.BY_VISIBLE_MAX_WEIGHT).items() if n >= 2}
     return {
         GRAD_NORM: _median(grad),
@@ -204,8 +212,8 @@ def _values(run: RunData) -> dict[str, Any]:
         NEAR_QUARTER: _val_or_train(run, sources.NEAR_QUARTER_T),
         VAL_LOSS_BASELINE: _baseline(run.series(tags.VAL_LOSS)),
         SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
-        SELECTION_DRIFT: drift,
-        SELECTION_FINAL: final_sel,
+        VAL_SELECTION_STEP0: _scaled(_baseline(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
+        SELECTION_FINAL: _selection_final(run),
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
         SPIKES: count_spikes(run.series(tags.FIXED_BATCH_LOSS) or run.series(tags.TRAIN_LOSS)),
@@ -217,11 +225,11 @@ def _values(run: RunData) -> dict[str, Any]:
 def summarize(run: RunData) -> Summary:
     final_tags = (
         tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
-        sources.VAL_SELECTION_TV, sources.MAX_LOGIT, sources.SINK_RATE,
+        sources.VAL_SELECTION_TV, sources.VAL_SELECTION_ENTROPY, sources.MAX_LOGIT, sources.SINK_RATE,
     )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
     skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
-    return Summary(
+    summary = Summary(
         name=run.name,
         temperature=float(run.params.get("temperature", 1.0)),
         top_k=run.params.get("top_k"),
@@ -240,6 +248,8 @@ def summarize(run: RunData) -> Summary:
         optimizer=str(run.params.get("optimizer") or run.setting("model.optimizer", "adamw")),
         learning_rate=_float(run.params.get("learning_rate") or run.setting("model.learning_rate")),
     )
+    summary.values[SELECTION_DRIFT] = held_out_drift(summary.values, summary.final)
+    return summary
 
 
 def _float(value: Any) -> float | None:
@@ -253,14 +263,19 @@ def _selection_by_k(run: RunData) -> dict[int, float]:
 def share_baselines(summaries: list[Summary]) -> list[Summary]:
     """Give every run without a step-0 validation the one of a run with the same attention setting (T, k,
     normaliser): the model before its first update depends on that setting and the validation set only, not on the
-    seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`)."""
-    known: dict[tuple, float] = {}
-    for s in summaries:
-        if s.values.get(VAL_LOSS_BASELINE) is not None:
-            known.setdefault((s.temperature, s.top_k, s.normalizer), s.values[VAL_LOSS_BASELINE])
-    for s in summaries:
-        if s.values.get(VAL_LOSS_BASELINE) is None and (key := (s.temperature, s.top_k, s.normalizer)) in known:
-            s.values[VAL_LOSS_BASELINE] = known[key]
+    seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`). The step-0
+    values shared are the validation loss and H(top-k), from which each run's held-out drift is then measured."""
+    for baseline in (VAL_LOSS_BASELINE, VAL_SELECTION_STEP0):
+        known: dict[tuple, float] = {}
+        for s in summaries:
+            if s.values.get(baseline) is not None:
+                known.setdefault((s.temperature, s.top_k, s.normalizer), s.values[baseline])
+        for s in summaries:
+            if s.values.get(baseline) is None and (key := (s.temperature, s.top_k, s.normalizer)) in known:
+                s.values[baseline] = known[key]
+    for s in summaries:  # the held-out drift is measured from the step-0 value, now known for every run
+        if (drift := held_out_drift(s.values, s.final)) is not None:
+            s.values[SELECTION_DRIFT] = drift
     return summaries
 
 

@@ -21,7 +21,7 @@ def test_every_control_gets_its_expected_verdict(found):
     got = [(c.finding.claim, c.name, c.finding.verdict) for c in found]
     assert [c.finding.verdict for c in found] == [c.expected for c in found], got
     # both outcomes are reached for each claim: a rule that could only say one thing would fail here
-    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 10)
+    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 11)
     assert all(c.passed for c in found)
 
 
@@ -104,6 +104,16 @@ def test_the_planted_runs_are_read_back_through_summarize():
         assert end / start == pytest.approx(0.9 + C._jitter(seed))
 
 
+def test_the_depth_controls_per_layer_norms_are_read_back_through_summarize():
+    """The planted per-layer W_q and W_k series come back from `layer_gradients` as the planted attention-logit norm
+    of each layer (sqrt(q^2 + k^2)), at every T and seed."""
+    for run in C.depth_runs(-0.2):
+        change = -0.2 + C._jitter(run.seed) / 2
+        assert sorted(run.layer_grads["W_q,W_k"]) == list(range(C.DEPTH_LAYERS))
+        for layer, norm in run.layer_grads["W_q,W_k"].items():
+            assert norm == pytest.approx(run.temperature ** (-0.3 + change * (C.DEPTH_LAYERS - layer)))
+
+
 def test_the_frozen_gradient_control_is_one_over_t_on_near_uniform_rows():
     """Algorithm 5 through the frozen analysis's own step: T x g is the same at every T (max over heads, per
     window) for rows near uniform even at T = 0.01."""
@@ -130,7 +140,7 @@ def test_the_report_carries_the_control_section(tmp_path):
     path = build_report(fake_sweep(tmp_path))
     data = json.loads((path.parent / "report.json").read_text())
     assert [c["verdict"] for c in data["controls"]] == [c["expected"] for c in data["controls"]]
-    assert len(data["controls"]) == 20 and all(c["passed"] for c in data["controls"])
+    assert len(data["controls"]) == 22 and all(c["passed"] for c in data["controls"])
     text = path.read_text()
     section = text.split("## Controls")[1].split("\n## ")[0]
-    assert section.count("| pass |") == 20 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")
+    assert section.count("| pass |") == 22 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")

@@ -32,6 +32,9 @@ function the study uses on real data and then through the finding function that 
   `summarize`, the function that reads every real run's event files into its summary, into `drift_finding` and
   `recovery_finding`: entropy rising by 0.1 of log k in every seed against no change; 90% of the gap left against
   5%.
+- "the T-slope steepens with each low-T layer crossed" (the depth rows): planted per-layer W_q and W_k gradient
+  series of a 6-layer model at 3 T through `summarize` (`layer_gradients`) into the depth finding: the T-slope
+  steeper by 0.2 for each layer crossed (supported) against the same T-slope in every layer (not supported).
 
 The controls sit beside the findings, outside their Bonferroni family (each at the single-interval level), and the
 report shows each verdict with the expected one. tests/test_report_controls.py fails when one differs.
@@ -49,6 +52,7 @@ from study.report import sources
 from study.report.findings import (
     Finding,
     band_finding,
+    depth_findings_by_group,
     drift_finding,
     instability_finding,
     recovery_finding,
@@ -86,7 +90,8 @@ CRITICAL_NS = (4, 5, 6, 7, 10, 12, 14, 20, 24, 28, 32, 50, 64, 100, 128, 200, 25
 CRITICAL_LAYERS, CRITICAL_HEADS = 3, 9  # heads pooled by each window's KS test: 27, as few as the main job's fewest
 # N0 / L per (window, length): the grid values 0.05, 0.06 and 0.07 in turn, so windows and lengths differ
 SMALL_RATIOS = (0.05, 0.06, 0.07)
-SEEDS = 6  # planted seeds of the drift and gap controls (the replicate unit), each with runs at 3 T
+SEEDS = 6  # planted seeds of the drift, gap and depth controls (the replicate unit), each with runs at 3 T
+DEPTH_LAYERS = 6  # layers of the depth control's planted runs: layer l crosses 6 - l low-T layers
 
 
 @dataclass
@@ -348,6 +353,25 @@ def gap_runs(left: float) -> list[Summary]:
     return runs
 
 
+def depth_runs(per_layer: float) -> list[Summary]:
+    """SEEDS seeds x 3 T of a DEPTH_LAYERS-layer model whose per-layer W_q and W_k gradient norms (logged as a run
+    logs them, `grad_norm/block_<l>/attn_q` and `attn_k`) scale like T^(-0.3 + per_layer x crossed): the T-slope
+    changes by `per_layer` (plus the seed's jitter) with each low-T layer the gradient crosses (layer l crosses
+    DEPTH_LAYERS - l)."""
+    runs = []
+    for seed in range(SEEDS):
+        change = per_layer + _jitter(seed) / 2
+        for t in (0.01, 0.1, 1.0):
+            scalars = {}
+            for layer in range(DEPTH_LAYERS):
+                norm = t ** (-0.3 + change * (DEPTH_LAYERS - layer))
+                for kind in ("attn_q", "attn_k"):  # together: the attention-logit norm, sqrt(q^2 + k^2) = norm
+                    scalars[tags.grad_norm(tags.GRAD_GROUP_BLOCK_PREFIX) + f"{layer}/{kind}"] = [
+                        (step, norm / math.sqrt(2)) for step in (0, STEPS)]
+            runs.append(_planted_run(f"control-depth-T{t:g}-s{seed}", t, seed, scalars))
+    return runs
+
+
 def _sensitivity(name: str, what: str, levels: Callable[[float], dict], scale: float, expected: str) -> Control:
     claim = f"control: {what} grows like 1/T ({name}, W_q x {scale:g})"
     statistic = f"log-log slope of {what} vs T over {WINDOWS} planted windows"
@@ -391,6 +415,9 @@ def _all() -> list[Control]:
           for (name, opposed), expected in zip(SEPARABILITY_OPPOSED.items(), (SUPPORTED, NOT_SUPPORTED))),
         Control("planted spike in every low-T run", SUPPORTED, instability_finding(planted_runs(True))),
         Control("every run calm", NOT_SUPPORTED, instability_finding(planted_runs(False))),
+        Control("T-slope steeper by 0.2 per low-T layer crossed", SUPPORTED,
+                depth_findings_by_group(depth_runs(-0.2))["W_q,W_k"]),
+        Control("the same T-slope in every layer", NOT_SUPPORTED, depth_findings_by_group(depth_runs(0.0))["W_q,W_k"]),
         Control("H(top-k)/log k rises by 0.1 in every seed", SUPPORTED, drift_finding(drift_runs(0.1))),
         Control("H(top-k)/log k unchanged", NOT_SUPPORTED, drift_finding(drift_runs(0.0))),
         Control("90% of the step-0 gap left", SUPPORTED, recovery_finding(gap_runs(0.9))),

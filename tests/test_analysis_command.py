@@ -184,7 +184,7 @@ def test_the_estimate_analyses_the_deepest_layer_once_scales_it_and_writes_nothi
     root, _ = saved
     out = tmp_path / "out"
     assert main(["--model", str(root / "model"), "--text", str(root / "text.txt"), "--out", str(out),
-                 "--layers", "0", "1", *FAST, "--estimate"]) == 0  # fmt: skip
+                 "--layers", "1", "0", *FAST, "--estimate"]) == 0  # fmt: skip
     found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert analysed == [[1]]  # the deepest: its capture is the whole forward pass the analysis needs
     assert set(found["parts"]) == {"load", "capture", "layers"} and all(v >= 0 for v in found["parts"].values())

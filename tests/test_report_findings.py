@@ -372,15 +372,25 @@ def test_the_drift_is_read_on_the_held_out_batches_not_the_training_ones():
         scalars = {sources.SELECTION_ENTROPY: [(0, 0.2 * log_k), (5, 0.5 * log_k), (12, 0.5 * log_k)],
                    sources.VAL_SELECTION_ENTROPY: val}  # fmt: skip
         status = {"state": "finished", "global_step": 12}
-        return S.summarize(RunData(f"T1_s{seed}", Path("."), {"temperature": 1.0, "seed": seed}, status, {}, scalars))
+        model = {"model": {"model_name_or_path": "gpt2" if pretrained else None}}
+        return S.summarize(RunData(f"T1_s{seed}", Path("."), {"temperature": 1.0, "seed": seed}, status, model,
+                                   scalars))  # fmt: skip
 
+    pretrained = True
     first = read(0, [(0, 0.40 * log_k), (12, 0.42 * log_k)])
     second = read(1, [(12, 0.45 * log_k)])
+    stopped = read(2, [(0, 0.90 * log_k)])  # diverged before validating again: its step 0 is no end value
     assert first.values[S.SELECTION_DRIFT] == pytest.approx(0.02)
     assert second.values[S.SELECTION_DRIFT] is None  # no step-0 value of its own ...
-    S.share_baselines([first, second])
+    S.share_baselines([first, second, stopped])
     assert second.values[S.SELECTION_DRIFT] == pytest.approx(0.05)  # ... until its setting's is shared
+    assert stopped.values[S.SELECTION_DRIFT] is None
     assert first.values[S.SELECTION_FINAL] == pytest.approx(0.5)  # the last training value, as before
+    # from scratch, a run's step-0 model is its seed's: nothing is lent
+    pretrained = False
+    first, second = read(0, [(0, 0.40 * log_k), (12, 0.42 * log_k)]), read(1, [(12, 0.45 * log_k)])
+    S.share_baselines([first, second])
+    assert second.values[S.SELECTION_DRIFT] is None and second.values[S.VAL_SELECTION_STEP0] is None
 
 
 def test_per_layer_table_says_why_it_is_empty():

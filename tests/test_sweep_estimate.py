@@ -64,13 +64,26 @@ def test_each_step_is_timed_by_its_own_estimate_and_a_failure_or_an_unmade_model
     assert estimate.StepEstimates(SimpleNamespace(pretrain=None), pretrain_todo=False).start().result() == {}
 
 
+def test_each_estimate_in_a_group_ends_when_its_process_does(monkeypatch):
+    """Two at a time: the first slow (3 s), the second quick. The quick one's wall time (its start-up, added to the
+    seconds it reports) must not include waiting for the slow one."""
+    payload = json.dumps(json.dumps({"seconds": 1.0, "timed_s": 0.0}))
+    slow = FakeStep("probe", f"import time; time.sleep(3); print({payload})")
+    quick = FakeStep("analyze", f"print({payload})")
+    monkeypatch.setattr(estimate, "frozen_steps", lambda plan: [slow, quick])
+    found = estimate.StepEstimates(SimpleNamespace(pretrain=None), pretrain_todo=False, slots=2).start().result()
+    assert found["probe"] >= 1.0 + 3.0 and found["analyze"] < found["probe"] - 2.0
+
+
 def test_stop_ends_the_estimates_under_way(monkeypatch):
     slow = FakeStep("probe", "import time; time.sleep(60)")
     monkeypatch.setattr(estimate, "frozen_steps", lambda plan: [slow])
     running = estimate.StepEstimates(SimpleNamespace(pretrain=None), pretrain_todo=False).start()
     import time
 
-    time.sleep(0.5)
+    waited = time.perf_counter()
+    while not running._procs and time.perf_counter() - waited < 30:  # until the process is started
+        time.sleep(0.05)
     started = time.perf_counter()
     running.stop()
     assert time.perf_counter() - started < 10 and running.found["probe"].startswith("exit code")

@@ -317,7 +317,8 @@ def _planted_run(name: str, temperature: float, seed: int, scalars: dict) -> Sum
 
     params = {"temperature": temperature, "top_k": None, "seed": seed}
     status = {"state": "finished", "global_step": STEPS}
-    return summarize(RunData(name, Path(name), params, status, {}, scalars))
+    resolved = {"model": {"model_name_or_path": "planted"}}  # fine-tuning: its step-0 validation may be shared
+    return summarize(RunData(name, Path(name), params, status, resolved, scalars))
 
 
 def _jitter(seed: int) -> float:

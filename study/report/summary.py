@@ -34,6 +34,7 @@ NEAR_QUARTER = "frac_near_quarter_T"  # final validation rows whose largest entr
 SATURATED = "frac_saturated"
 VAL_LOSS_BASELINE = "val_loss_step0"  # val/loss logged at step 0 (BaselineValidation): the frozen model under T
 VAL_SELECTION_STEP0 = "val_selection_step0"  # validation H(top-k)/log k at step 0 (BaselineValidation)
+VAL_SELECTION_END = "val_selection_end"  # validation H(top-k)/log k at the last validation after step 0
 SELECTION_DRIFT = "selection_drift"  # validation H(top-k)/log k at the end minus at step 0 (`held_out_drift`)
 SELECTION_FINAL = "selection_final"  # final training H(top-k)/log k
 DILUTION_SLOPE = "dilution_slope"  # log-log slope of the validation max weight against the visible count n
@@ -138,11 +139,23 @@ def _selection_final(run: RunData) -> float | None:
     return series[-1][1] / math.log(sources.SELECTION_K) if series else None
 
 
-def held_out_drift(values: dict[str, Any], final: dict[str, float | None]) -> float | None:
+def held_out_drift(values: dict[str, Any]) -> float | None:
     """Validation H(top-k)/log k after the last step minus before the first: the same held-out batches both times
-    (training batches differ from step to step, which the drift would read as change). None without both."""
-    first, last = values.get(VAL_SELECTION_STEP0), final.get(sources.VAL_SELECTION_ENTROPY)
-    return None if first is None or last is None else last / math.log(sources.SELECTION_K) - first
+    (training batches differ from step to step, which the drift would read as change). None without both (a run
+    that stopped before validating after step 0 has no end value: its step-0 one is not an end)."""
+    first, last = values.get(VAL_SELECTION_STEP0), values.get(VAL_SELECTION_END)
+    return None if first is None or last is None else last - first
+
+
+def _at_step0(series: list[tuple[int, float]] | None) -> float | None:
+    """The value logged at step 0, if any."""
+    return series[0][1] if series and series[0][0] == 0 else None
+
+
+def _after_step0(series: list[tuple[int, float]] | None) -> float | None:
+    """The last value logged after step 0."""
+    later = [v for step, v in series or [] if step > 0]
+    return later[-1] if later else None
 
 
 def last_by_group(run: RunData, regex: str) -> dict[int, float]:
@@ -212,7 +225,8 @@ def _values(run: RunData) -> dict[str, Any]:
         NEAR_QUARTER: _val_or_train(run, sources.NEAR_QUARTER_T),
         VAL_LOSS_BASELINE: _baseline(run.series(tags.VAL_LOSS)),
         SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
-        VAL_SELECTION_STEP0: _scaled(_baseline(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
+        VAL_SELECTION_STEP0: _scaled(_at_step0(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
+        VAL_SELECTION_END: _scaled(_after_step0(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
         SELECTION_FINAL: _selection_final(run),
         DILUTION_SLOPE: loglog_slope(list(bins), list(bins.values())),
         CLIPPED: _clipped_fraction(run, grad),
@@ -225,7 +239,7 @@ def _values(run: RunData) -> dict[str, Any]:
 def summarize(run: RunData) -> Summary:
     final_tags = (
         tags.TRAIN_LOSS, tags.VAL_LOSS, tags.VAL_PPL, *sources.ATTENTION_TAGS, sources.NONZERO, sources.SATURATED_ROWS,
-        sources.VAL_SELECTION_TV, sources.VAL_SELECTION_ENTROPY, sources.MAX_LOGIT, sources.SINK_RATE,
+        sources.VAL_SELECTION_TV, sources.MAX_LOGIT, sources.SINK_RATE,
     )  # fmt: skip
     clip = run.setting("trainer.gradient_clip_val")
     skipped = int(run.status.get("skipped_steps") or (_last(run.series(tags.GUARD_SKIPPED)) or 0))
@@ -248,7 +262,7 @@ def summarize(run: RunData) -> Summary:
         optimizer=str(run.params.get("optimizer") or run.setting("model.optimizer", "adamw")),
         learning_rate=_float(run.params.get("learning_rate") or run.setting("model.learning_rate")),
     )
-    summary.values[SELECTION_DRIFT] = held_out_drift(summary.values, summary.final)
+    summary.values[SELECTION_DRIFT] = held_out_drift(summary.values)
     return summary
 
 
@@ -260,21 +274,29 @@ def _selection_by_k(run: RunData) -> dict[int, float]:
     return last_by_group(run, sources.VAL_SELECTION_ENTROPY_BY_K)
 
 
+def random_init(summary: Summary) -> bool:
+    """A run that trains a freshly initialised model (no `model.model_name_or_path`): its step-0 model depends on
+    its seed. A summary without its run's data (a test's) counts as fine-tuning."""
+    return summary.run is not None and summary.run.setting("model.model_name_or_path") in (None, "", "null")
+
+
 def share_baselines(summaries: list[Summary]) -> list[Summary]:
-    """Give every run without a step-0 validation the one of a run with the same attention setting (T, k,
-    normaliser): the model before its first update depends on that setting and the validation set only, not on the
-    seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`). The step-0
-    values shared are the validation loss and H(top-k), from which each run's held-out drift is then measured."""
+    """Give every fine-tuning run without a step-0 validation the one of a run with the same attention setting (T,
+    k, normaliser): the pretrained model before its first update depends on that setting and the validation set
+    only, not on the seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`).
+    The step-0 values shared are the validation loss and H(top-k), from which each run's held-out drift is then
+    measured. A from-scratch run's step-0 model depends on its seed: it neither lends nor borrows."""
+    shared = [s for s in summaries if not random_init(s)]
     for baseline in (VAL_LOSS_BASELINE, VAL_SELECTION_STEP0):
         known: dict[tuple, float] = {}
-        for s in summaries:
+        for s in shared:
             if s.values.get(baseline) is not None:
                 known.setdefault((s.temperature, s.top_k, s.normalizer), s.values[baseline])
-        for s in summaries:
+        for s in shared:
             if s.values.get(baseline) is None and (key := (s.temperature, s.top_k, s.normalizer)) in known:
                 s.values[baseline] = known[key]
-    for s in summaries:  # the held-out drift is measured from the step-0 value, now known for every run
-        if (drift := held_out_drift(s.values, s.final)) is not None:
+    for s in shared:  # the held-out drift is measured from the step-0 value, now known for every run
+        if (drift := held_out_drift(s.values)) is not None:
             s.values[SELECTION_DRIFT] = drift
     return summaries
 

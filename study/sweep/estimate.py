@@ -153,8 +153,16 @@ class StepEstimates:
                 started = time.perf_counter()
                 self._procs = [subprocess.Popen([*step.command(), "--estimate"], stdout=subprocess.PIPE,
                                                 stderr=subprocess.PIPE, text=True) for step in group]
-            for step, proc in zip(group, self._procs):
-                self.found[step.label] = read_estimate(proc, started)
+            # one reader per process, so that each one's wall time ends when it does, not when the one before it does
+            readers = [threading.Thread(target=self._read, args=(step.label, proc, started), daemon=True)
+                       for step, proc in zip(group, self._procs)]  # fmt: skip
+            for reader in readers:
+                reader.start()
+            for reader in readers:
+                reader.join()
+
+    def _read(self, label: str, proc: subprocess.Popen, started: float) -> None:
+        self.found[label] = read_estimate(proc, started)
 
     def start(self) -> StepEstimates:
         if self.steps:
@@ -207,7 +215,11 @@ def estimate_time(
         print(f"no time estimate: timing its first steps failed ({type(err).__name__}: {err})", flush=True)
         return None
     startup_s = startup_seconds(probe) if probe is not None else 0.0
-    found = StepEstimates(plan, pretrain_todo, slots=parallel).start().result()
+    estimates = StepEstimates(plan, pretrain_todo, slots=parallel).start()
+    try:
+        found = estimates.result()
+    finally:  # interrupted (Ctrl-C): no estimate process is left loading the model
+        estimates.stop()
     steps = {label: s for label, s in found.items() if isinstance(s, float)}
     timing = {**timing, "setup_s": timing["setup_s"] + startup_s}
     seconds = plan_estimate(plan, todo, pretrain_todo, timing, parallel, steps)

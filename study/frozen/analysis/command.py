@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default: torch's own); 1 is much faster on a shared, busy machine")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip the PNG figures")
     p.add_argument("--estimate", action="store_true",
-                   help="analyse the first layer only and print the whole analysis's estimated seconds as JSON (what "
+                   help="analyse the deepest chosen layer only and print the whole analysis's estimated seconds as JSON (what "
                         "`study sweep` prints up front); writes nothing")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to the output folder")
     return p
@@ -184,7 +184,7 @@ def estimate(args, model, input_ids, lengths, n_layers: int, started: float) -> 
     done as `run` does it, then the last chosen layer analysed on every window (its capture is the forward pass as
     deep as the whole analysis goes) and the layer's own analysis scaled to the layer count.
     Writing the figures is not timed. Returns {"seconds", "parts", "timed_s"}, as `study probe --estimate`."""
-    layers = list(args.layers) if args.layers else list(range(n_layers))
+    layers = sorted(set(args.layers)) if args.layers else list(range(n_layers))
     prepared = time.perf_counter()
     results = _analyze(args, model, input_ids, lengths, layers[-1:])
     capture = results["seconds_by_step"]["capture"]

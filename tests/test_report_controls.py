@@ -9,7 +9,7 @@ import math
 import pytest
 
 from study.report import controls as C
-from study.report.stats import NOT_SUPPORTED, SUPPORTED
+from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,9 @@ def found():
 def test_every_control_gets_its_expected_verdict(found):
     got = [(c.finding.claim, c.name, c.finding.verdict) for c in found]
     assert [c.finding.verdict for c in found] == [c.expected for c in found], got
-    # both outcomes are reached for each claim: a rule that could only say one thing would fail here
-    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 11)
+    # both outcomes are reached for each claim: a rule that could only say one thing would fail here (the bracket,
+    # a rule without an interval, also reaches its third outcome: the same learning rates stable at both T)
+    assert sorted(c.expected for c in found) == sorted([SUPPORTED, NOT_SUPPORTED] * 12 + [INCONCLUSIVE])
     assert all(c.passed for c in found)
 
 
@@ -114,6 +115,19 @@ def test_the_depth_controls_per_layer_norms_are_read_back_through_summarize():
             assert norm == pytest.approx(run.temperature ** (-0.3 + change * (C.DEPTH_LAYERS - layer)))
 
 
+def test_the_bracket_controls_runs_are_read_back_through_summarize():
+    """The SGD bracket's planted runs come back from `summarize` as the sweep's runs do: optimizer and learning rate
+    from the sweep's axes, a diverged run unstable, a calm one stable (no spike in its loss curve)."""
+    runs = C.bracket_runs(lambda t, lr: lr >= 1 or t < 1)
+    assert len(runs) == len(C.BRACKET_TEMPERATURES) * len(C.BRACKET_LRS)
+    for run in runs:
+        assert (run.optimizer, run.top_k) == ("sgd", None) and run.learning_rate in C.BRACKET_LRS
+        assert run.unstable == (run.learning_rate >= 1 or run.temperature < 1)
+        assert run.diverged == run.unstable
+        if not run.diverged:
+            assert run.values[C.SPIKES] == 0 and run.steps == C.STEPS
+
+
 def test_the_frozen_gradient_control_is_one_over_t_on_near_uniform_rows():
     """Algorithm 5 through the frozen analysis's own step: T x g is the same at every T (max over heads, per
     window) for rows near uniform even at T = 0.01."""
@@ -140,7 +154,7 @@ def test_the_report_carries_the_control_section(tmp_path):
     path = build_report(fake_sweep(tmp_path))
     data = json.loads((path.parent / "report.json").read_text())
     assert [c["verdict"] for c in data["controls"]] == [c["expected"] for c in data["controls"]]
-    assert len(data["controls"]) == 22 and all(c["passed"] for c in data["controls"])
+    assert len(data["controls"]) == 25 and all(c["passed"] for c in data["controls"])
     text = path.read_text()
     section = text.split("## Controls")[1].split("\n## ")[0]
-    assert section.count("| pass |") == 22 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")
+    assert section.count("| pass |") == 25 and "FAIL" not in section.split("|", 1)[1].replace("A FAIL means", "")

@@ -55,6 +55,7 @@ from study.report.findings import (
     depth_findings_by_group,
     drift_finding,
     instability_finding,
+    lr_stability_findings,
     recovery_finding,
 )
 from study.report.frozen import (
@@ -66,7 +67,7 @@ from study.report.frozen import (
     separability_finding,
 )
 from study.report.read import RunData
-from study.report.stats import NOT_SUPPORTED, SUPPORTED, Family, family_level
+from study.report.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, Family, family_level
 from study.report.summary import SPIKES, Summary, count_spikes, share_baselines, summarize
 
 TEMPERATURES = (0.25, 0.5, 1.0, 2.0, 4.0)  # the grid of the sensitivity controls: four octaves
@@ -92,6 +93,8 @@ CRITICAL_LAYERS, CRITICAL_HEADS = 3, 9  # heads pooled by each window's KS test:
 SMALL_RATIOS = (0.05, 0.06, 0.07)
 SEEDS = 6  # planted seeds of the drift, gap and depth controls (the replicate unit), each with runs at 3 T
 DEPTH_LAYERS = 6  # layers of the depth control's planted runs: layer l crosses 6 - l low-T layers
+BRACKET_LRS = (0.01, 1.0)  # the learning-rate grid of the bracket controls (the main job's SGD arm's)
+BRACKET_TEMPERATURES = (0.01, 1.0)  # the lowest T and the reference, as in the main job's SGD arm
 
 
 @dataclass
@@ -311,12 +314,14 @@ def separability_results(opposed: tuple[int, ...]) -> dict:
             "source": {"model": "planted top-N geometry"}}
 
 
-def _planted_run(name: str, temperature: float, seed: int, scalars: dict) -> Summary:
-    """A finished run's summary from planted scalar series, through `summarize` (what reads every real run)."""
+def _planted_run(name: str, temperature: float, seed: int, scalars: dict, *, params: dict | None = None,
+                 status: dict | None = None) -> Summary:
+    """A run's summary from planted scalar series, through `summarize` (what reads every real run): finished after
+    STEPS steps unless `status` says otherwise; `params` adds sweep axes (optimizer, learning rate)."""
     from pathlib import Path
 
-    params = {"temperature": temperature, "top_k": None, "seed": seed}
-    status = {"state": "finished", "global_step": STEPS}
+    params = {"temperature": temperature, "top_k": None, "seed": seed, **(params or {})}
+    status = status or {"state": "finished", "global_step": STEPS}
     resolved = {"model": {"model_name_or_path": "planted"}}  # fine-tuning: its step-0 validation may be shared
     return summarize(RunData(name, Path(name), params, status, resolved, scalars))
 
@@ -373,6 +378,28 @@ def depth_runs(per_layer: float) -> list[Summary]:
     return runs
 
 
+def bracket_runs(diverges: Callable[[float, float], bool]) -> list[Summary]:
+    """One plain-SGD run per (T, learning rate) cell of BRACKET_TEMPERATURES x BRACKET_LRS, as the main job's SGD
+    arm: a run for which `diverges(T, lr)` stops at step 1 as the NonFiniteGuard records a non-finite loss, the
+    others log a calm falling loss for STEPS steps."""
+    runs = []
+    for t in BRACKET_TEMPERATURES:
+        for lr in BRACKET_LRS:
+            name = f"control-bracket-T{t:g}-lr{lr:g}"
+            params = {"optimizer": "sgd", "learning_rate": lr}
+            if diverges(t, lr):
+                status = {"state": "diverged", "global_step": 1, "reason": "non-finite loss at step 1"}
+                runs.append(_planted_run(name, t, 1, {tags.TRAIN_LOSS: [(0, 4.0)]}, params=params, status=status))
+            else:
+                runs.append(_planted_run(name, t, 1, {tags.TRAIN_LOSS: _loss_curve(False)}, params=params))
+    return runs
+
+
+def _bracket(diverges: Callable[[float, float], bool]) -> Finding:
+    (finding,) = lr_stability_findings(bracket_runs(diverges))
+    return finding
+
+
 def _sensitivity(name: str, what: str, levels: Callable[[float], dict], scale: float, expected: str) -> Control:
     claim = f"control: {what} grows like 1/T ({name}, W_q x {scale:g})"
     statistic = f"log-log slope of {what} vs T over {WINDOWS} planted windows"
@@ -419,6 +446,11 @@ def _all() -> list[Control]:
         Control("T-slope steeper by 0.2 per low-T layer crossed", SUPPORTED,
                 depth_findings_by_group(depth_runs(-0.2))["W_q,W_k"]),
         Control("the same T-slope in every layer", NOT_SUPPORTED, depth_findings_by_group(depth_runs(0.0))["W_q,W_k"]),
+        Control("SGD diverges at lr 1 at both T and at lr 0.01 only at T = 0.01", SUPPORTED,
+                _bracket(lambda t, lr: lr >= 1 or t < 1)),
+        Control("SGD diverges at lr 1 at both T and at lr 0.01 only at T = 1", NOT_SUPPORTED,
+                _bracket(lambda t, lr: lr >= 1 or t >= 1)),
+        Control("SGD diverges at lr 1 at both T, never at lr 0.01", INCONCLUSIVE, _bracket(lambda t, lr: lr >= 1)),
         Control("H(top-k)/log k rises by 0.1 in every seed", SUPPORTED, drift_finding(drift_runs(0.1))),
         Control("H(top-k)/log k unchanged", NOT_SUPPORTED, drift_finding(drift_runs(0.0))),
         Control("90% of the step-0 gap left", SUPPORTED, recovery_finding(gap_runs(0.9))),

@@ -145,14 +145,16 @@ def test_report_opens_with_the_plain_summary_from_its_json():
              "interval": {"estimate": 1.026, "lo": 0.967, "hi": 1.086}},
             {"claim": "low T unstable", "verdict": "inconclusive", "paper_value": None, "experiment": "training",
              "interval": None, "value": "too few: 3 vs 3 runs; more"},
+            {"claim": "last layer like 1/T", "verdict": "underpowered", "paper_value": "1/T", "experiment": "training",
+             "interval": {"estimate": -0.7, "lo": -1.4, "hi": 0.0}},
         ],
     }  # fmt: skip
     text = plain_summary(data)
     first = text.splitlines()[0]
-    assert first.startswith("22 runs (2 diverged, 20 finished); 3 claims judged: 1 supported, 1 not supported, 1 inconclusive")
+    assert first.startswith("22 runs (2 diverged, 20 finished); 4 claims judged: 1 supported, 1 not supported, 1 inconclusive, 1 underpowered")
     assert "- 3\\. N* grows with L: paper 0.06 L, ours 1.03 [0.967, 1.09] (frozen)." in text  # not a numbered list
     assert "- low T unstable: paper -, ours too few: 3 vs 3 runs (training)." in text
-    assert text.index("Supported") < text.index("Not what") < text.index("Undecided")
+    assert text.index("Supported") < text.index("Not what") < text.index("Undecided") < text.index("Not decidable with")
 
 
 def test_report_events_hold_the_summary_scorecard_and_figures(tmp_path):

@@ -220,11 +220,12 @@ def definitions() -> str:
     )
 
 
-VERDICT_ORDER = ("supported", "not supported", "inconclusive", "descriptive")
+VERDICT_ORDER = ("supported", "not supported", "inconclusive", "underpowered", "descriptive")
 VERDICT_WORDS = {
     "supported": "Supported by these runs",
     "not supported": "Not what these runs show",
     "inconclusive": "Undecided (the interval straddles the rule, or too few runs)",
+    "underpowered": "Not decidable with these replicates (the row says how many would decide it)",
     "descriptive": "Measured, not tested (the paper states a bound there, not a rate)",
 }
 

@@ -178,6 +178,18 @@ def test_the_probe_section_passes_the_probes_own_checks(quick):
     check_numbers(build_parser().parse_args(plan.probe))
 
 
+def test_fp64_t_grid_sweep_parses():
+    """The main job's runs on a T grid between 0.1 and 1, where the whole-network and last-layer slopes keep at
+    least 3 levels the step-0 fp64 check validates (the base config's Fp64GradientCheck, once per setting)."""
+    plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-tgrid.yaml")
+    main = build_plan(MAIN)
+    assert {r.params["temperature"] for r in plan.runs} == {0.1, 0.2, 0.3, 0.5, 1} and len(plan.runs) == 20
+    assert all(r.params["top_k"] is None for r in plan.runs) and len({r.params["seed"] for r in plan.runs}) == 4
+    steps = {a for r in main.runs for a in r.args if a.startswith("--trainer.max_steps=")}
+    assert all(steps <= set(r.args) for r in plan.runs) and len(steps) == 1  # the main job's 12 steps
+    assert "Fp64GradientCheck" in (ROOT / "configs" / "smollm2.yaml").read_text()
+
+
 def test_long_training_sweep_parses():
     """The 200-step design the gap and drift rows need: the main settings, 3 seeds, the fixed held-out batch."""
     plan = build_plan(ROOT / "configs" / "sweeps" / "smollm2-long.yaml")

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from study.report.stats import fmt
 
@@ -83,7 +84,7 @@ def probe_sentence() -> list[str]:
     sat = [number_after(f["value"], "saturated rows at T=0.001:") for f in (layer0, layer29)]
     assert min(sat) > 0.9, "the README explains the shallow slope by saturation"
     return [
-        f"grows like 1/T, {verdict.get(layer0['verdict'], 'is undecided on this model')}:",
+        f"grows like 1/T, {verdict.get(layer0['verdict'], 'is undecided on this model')} at low T:",
         f"the probe, {layer0['interval']['n']} independent text windows",
         f"grows {growth(layer0['interval'])} in layer 0 (slope {interval(layer0['interval'])})",
         f"{growth(layer29['interval'])} in layer 29 ({interval(layer29['interval'])})",
@@ -131,6 +132,23 @@ def fp64_sentence() -> list[str]:
             "checked against fp64 at step 0"]
 
 
+def tgrid_sentence() -> list[str]:
+    tgrid = load("smollm2-tgrid")
+    whole = finding(tgrid, "5. (whole network, T in every layer)")
+    last = finding(tgrid, "5. the last layer's W_q/W_k gradient")
+    assert last["verdict"] == "supported"
+    assert whole["verdict"] == "not supported" and whole["interval"]["hi"] < -1.25, "'far faster'"
+    left_out = re.findall(r"T=([\d.]+) \(", whole["value"])
+    assert left_out == ["0.1"] and "left out" not in last["value"], "fp64 validates every level but the whole network's at 0.1"
+    saturated = number_after(whole["value"], "saturated rows at T=0.1:")
+    grid = yaml.safe_load((ROOT / "configs/sweeps/smollm2-tgrid.yaml").read_text())["grid"]["temperature"]
+    return [f"{sum(tgrid['runs'].values())} runs), where fp64 validates every level but the whole network's at T = 0.1",
+            f"fewer rows saturate ({n3(saturated)} of sampled rows at T = 0.1)",
+            f"gradient does grow like 1/T ({interval(last['interval'])}, supported)",
+            f"the whole network's far faster ({interval(whole['interval'])})",
+            f"between {fmt(min(grid))} and {fmt(max(grid))}"]  # fmt: skip
+
+
 def frozen_sentence() -> list[str]:
     nstar = finding(MAIN, "3. critical N* ~ 0.06 L")
     heads = {c["heads"] for c in MAIN["theorem1_effect_size"]["curves"]}
@@ -168,8 +186,6 @@ def training_sentence() -> list[str]:
 
 def steps_sentence() -> list[str]:
     """The 12 steps (and the long run's 200) are the sweeps' configs, read as the runs were."""
-    import yaml
-
     main = yaml.safe_load((ROOT / "configs/sweeps/default.yaml").read_text())["overrides"]["trainer.max_steps"]
     long = yaml.safe_load((ROOT / "configs/sweeps/smollm2-long.yaml").read_text())["overrides"]["trainer.max_steps"]
     assert sum(MAIN["runs"].values()) == 25
@@ -243,7 +259,7 @@ def replication_sentences() -> list[str]:
             f"(slope {interval(sens['interval'])} against log10 T)"]  # fmt: skip
 
 
-CHECKS = [probe_sentence, jacobian_sentence, depth_sentence, excess_sentence, fp64_sentence, frozen_sentence,
+CHECKS = [probe_sentence, jacobian_sentence, depth_sentence, excess_sentence, fp64_sentence, tgrid_sentence, frozen_sentence,
           training_sentence, steps_sentence, full_sentence, long_sentence, scratch_sentence, replication_sentences]  # fmt: skip
 
 

@@ -92,10 +92,10 @@ def test_readme_scorecard_is_the_committed_results():
     assert main(["--check"]) == 0, "README.md differs from docs/results/main.json: run scripts/readme_results.py"
 
 
-@pytest.mark.parametrize("study", ["smollm2-full", "smollm2-long"])
+@pytest.mark.parametrize("study", ["smollm2-full", "smollm2-long", "smollm2-tgrid"])
 def test_the_fuller_studys_pages_are_their_committed_results(study):
     """docs/results/<study>.md's scorecard is what its committed report (<study>.json) renders to: the fuller study
-    and the 200-step run of the main settings."""
+    the 200-step run of the main settings and its T grid between 0.1 and 1."""
     page, results = ROOT / "docs" / "results" / f"{study}.md", ROOT / "docs" / "results" / f"{study}.json"
     assert results.is_file() and page.is_file(), f"the {study} study's committed report or page is missing"
     assert main(["--json", str(results), "--readme", str(page), "--check"]) == 0, (

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +34,16 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     plan.runs = [r for r in plan.runs if r not in selection]
     temperatures = sorted({r.params["temperature"] for r in plan.runs})
     seeds = {r.params["seed"] for r in plan.runs}
-    assert len(temperatures) >= 3 and 1 in temperatures
-    ratios = [math.log(b / a) for a, b in zip(temperatures, temperatures[1:])]
-    assert max(ratios) / min(ratios) < 1.2  # log-spaced
-    # the training slopes' replicates, sized from the last run's spread (docs/findings.md#power): at least 6 seeds
-    assert len(seeds) >= 6
+    assert 1 in temperatures and temperatures[0] <= 0.03  # stock, and where the instability claim bites
+    # every training slope keeps 3 levels the step-0 fp64 check validates: fp32 is off by more than 5% at T <= 0.1
+    # for the whole network (docs/results/smollm2-tgrid.md), at T = 0.01 for the last layer
+    assert len([t for t in temperatures if t > 0.1]) >= 3 and len([t for t in temperatures if t > 0.01]) >= 3
+    # the training slopes' replicates (docs/findings.md#power): 4 seeds decide them at 5 levels
+    assert len(seeds) >= 4
     top_ks = {r.params["top_k"] for r in selection}
     assert top_ks and 1 not in top_ks  # top-1 is identical across T by construction
-    assert {r.params["temperature"] for r in selection} == set(temperatures)
+    picked = sorted({r.params["temperature"] for r in selection})
+    assert set(picked) <= set(temperatures) and {picked[0], picked[-1]} == {temperatures[0], 1} and len(picked) >= 3
     assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(seeds)
     # the instability arm: SGD at the lowest T and T = 1, at 2 learning rates, for the learning-rate bracket
     assert {(r.params["temperature"], r.params["learning_rate"]) for r in arm} == {

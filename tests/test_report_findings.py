@@ -444,9 +444,39 @@ def test_training_slopes_leave_out_levels_fp64_contradicts():
 
     bad = F.slope_finding("x", "s", runs(30.0), S.GRAD_QK, S.FP64_QK)
     assert bad.verdict == SUPPORTED and "left out, fp32 gradient numerically unreliable" in bad.value
-    assert "T=0.01 (30)" in bad.value and "0.03" not in bad.value.split("left out")[1]
+    assert "T=0.01 (30)" in bad.value and "0.03" not in bad.value.split("left out")[1].split(";")[0]
+    assert bad.value.endswith("saturated rows at T=0.03: 0")  # the lowest level fitted, not the one left out
     last = F.last_layer_finding(runs(30.0))
     assert last.verdict == SUPPORTED and "T=0.01 (30)" in last.value
     kept = F.slope_finding("x", "s", runs(1.04), S.GRAD_QK, S.FP64_QK)  # within 5%: the level stays, and misleads
     assert kept.verdict == NOT_SUPPORTED and "left out" not in kept.value
     assert F.slope_finding("x", "s", runs(30.0), S.GRAD_QK).verdict == NOT_SUPPORTED  # no check asked: all levels
+
+
+def test_per_layer_slopes_leave_out_levels_the_whole_networks_fp64_check_contradicts():
+    """The per-layer table, the excess slopes and the depth rows fit only the levels where the whole network's
+    step-0 fp32 gradient agrees with fp64: a level 30x off there (planted in every layer at T = 0.01) would bend
+    every layer's slope; left out, the planted exponents come back and the rows name the level."""
+    from study.report.markdown import layer_table
+
+    temps = (0.01, 0.1, 0.3, 1.0)
+    runs = []
+    for i, t in enumerate(temps):
+        for s in SEEDS:
+            off = 30.0 if t == 0.01 else 1.0
+            r = run(t, s, **({S.FP64_QK: off} if s == 0 else {}))
+            jitter = lambda j, s=s, i=i: math.exp(noise(100 * s + 10 * i + j, 0.02))  # noqa: E731
+            r.layer_grads = {"W_q,W_k": {layer: off * t ** (-1.0 - 0.1 * (3 - layer)) * jitter(layer) for layer in range(3)},
+                             "W_v": {layer: off * t ** (-0.2 - 0.1 * (3 - layer)) * jitter(3 + layer) for layer in range(3)}}  # fmt: skip
+            runs.append(r)
+    slopes = F.layer_slopes(runs)
+    assert slopes["W_q,W_k"][2] == pytest.approx(-1.1, abs=0.03) and slopes["W_v"][0] == pytest.approx(-0.5, abs=0.03)
+    excess = F.excess_slopes(runs)["W_v"]
+    assert all(iv.estimate == pytest.approx(-0.8, abs=0.03) for iv in excess.values())
+    depth = F.depth_findings_by_group(runs)["W_q,W_k"]
+    assert depth.interval.estimate == pytest.approx(-0.1, abs=0.01) and "T=0.01 (30)" in depth.value
+    assert "Levels left out of these slopes" in layer_table(runs) and "T=0.01 (30)" in layer_table(runs)
+    # without the check's ratio every level is fitted, and the planted 30x at T = 0.01 bends the slopes
+    for r in runs:
+        r.values.pop(S.FP64_QK, None)
+    assert F.layer_slopes(runs)["W_q,W_k"][2] != pytest.approx(-1.1, abs=0.1)

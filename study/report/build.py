@@ -203,7 +203,7 @@ def _excess_section(summaries: list[Summary]) -> list[str]:
         f"low-T layers above them. Mean over seeds [{percent(CONFIDENCE)} t-interval over seeds, each layer on its "
         "own: a description beside the findings, outside the family]; 0: nothing specific to the logits.",
         "",
-        md.table(["layer", *(f"W_q,W_k - {c}" for c in controls)], rows),
+        md.table(["layer", *(f"W_q,W_k - {c}" for c in controls)], rows) + md.fp64_sentence(summaries),
         "",
     ]
 

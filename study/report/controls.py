@@ -35,6 +35,10 @@ function the study uses on real data and then through the finding function that 
 - "the T-slope steepens with each low-T layer crossed" (the depth rows): planted per-layer W_q and W_k gradient
   series of a 6-layer model at 3 T through `summarize` (`layer_gradients`) into the depth finding: the T-slope
   steeper by 0.2 for each layer crossed (supported) against the same T-slope in every layer (not supported).
+- "low temperature lowers the largest stable learning rate" (the SGD bracket, claim 6): planted plain-SGD runs, one
+  per (T, learning rate) cell as in the main job's arm, their run status (a divergence at step 1, as the guard
+  records it) and loss series through `summarize` into `lr_stability_findings`: a learning rate that diverges only
+  at the low T (supported), only at T = 1 (not supported), or at both T alike (inconclusive: the rule's null).
 
 The controls sit beside the findings, outside their Bonferroni family (each at the single-interval level), and the
 report shows each verdict with the expected one. tests/test_report_controls.py fails when one differs.

@@ -196,8 +196,9 @@ def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
 
 
 def stability(summaries: list[Summary], out: Path) -> str | None:
-    """Loss spikes, divergences and (when any run clips) clipped steps per T. With clipping off in every run the
-    clipped-steps panel is left out (the caption says so) rather than drawn empty."""
+    """Loss spikes, divergences and (when any run clips) clipped steps per T, each T labelled with its number of
+    runs (sums over groups of different sizes are not rates). With clipping off in every run the clipped-steps
+    panel is left out (the caption says so) rather than drawn empty."""
     plt = _plt()
     panels = [
         (f"loss spikes above {S.SPIKE_FACTOR} x running median (sum)", lambda s: s.values.get(S.SPIKES), sum),
@@ -211,7 +212,8 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
         data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
         if data:
             ax.bar(range(len(data)), list(data.values()))
-            ax.set_xticks(range(len(data)), [f"{t:g}" for t in data])
+            runs = {t: len(v) for t, v in per_t(summaries, lambda s: 1.0).items()}
+            ax.set_xticks(range(len(data)), [f"{t:g}\n({runs.get(t, 0)} runs)" for t in data])
             if not any(data.values()):  # bars of height 0 are invisible: say so
                 ax.text(0.5, 0.5, f"0 at every T ({len(summaries)} runs)", ha="center", transform=ax.transAxes)
         else:
@@ -268,7 +270,8 @@ def _one_format(values: np.ndarray) -> str:
 
 
 def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
-    """Mean final val/ppl over seeds per (T, k); 'div' where every seed diverged."""
+    """Mean final val/ppl over seeds per (T, k); 'div' where every seed diverged, 'not run' where the sweep has no
+    run (an arm at fewer T than the grid)."""
     temps, ks = sorted({s.temperature for s in summaries}), _k_order(summaries)
     grid = np.full((len(temps), len(ks)), np.nan)
     text = [["" for _ in ks] for _ in temps]
@@ -280,6 +283,8 @@ def ppl_heatmap(summaries: list[Summary], out: Path) -> str | None:
                 grid[i, j] = float(np.exp(np.mean(np.log(ppl))))
             elif cell and all(s.diverged for s in cell):
                 text[i][j] = "div"
+            elif not cell:
+                text[i][j] = "not run"
     plt = _plt()
     fig, ax = plt.subplots(figsize=(1.3 * len(ks) + 3, 0.6 * len(temps) + 2))
     cmap = plt.get_cmap("magma_r")

@@ -183,21 +183,32 @@ def fp64_unreliable(runs: list[Summary], ratio_key: str) -> dict[float, float]:
 def fp64_checked(levels: dict[float, list[float]], runs: list[Summary], ratio_key: str | None) -> tuple[dict, str]:
     """The levels fp64 does not contradict, and the note naming the ones left out (as the probe leaves them)."""
     bad = fp64_unreliable(runs, ratio_key) if ratio_key else {}
+    return {t: v for t, v in levels.items() if t not in bad}, _left_out(bad)
+
+
+def _left_out(bad: dict[float, float]) -> str:
+    """The note naming the levels fp64 contradicts, with their fp32/fp64 ratios ("" for none)."""
     if not bad:
-        return levels, ""
-    kept = {t: v for t, v in levels.items() if t not in bad}
-    note = (f"; left out, fp32 gradient {UNRELIABLE} (|fp32/fp64 - 1| > {fmt(FP64_TOLERANCE)} at step 0): "
+        return ""
+    return (f"; left out, fp32 gradient {UNRELIABLE} (|fp32/fp64 - 1| > {fmt(FP64_TOLERANCE)} at step 0): "
             + ", ".join(f"T={fmt(t)} ({fmt(r, 3)})" for t, r in sorted(bad.items())))
-    return kept, note
 
 
 def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str, ratio_key: str | None = None) -> Finding:
-    """A "grows like 1/T" claim on one per-run value (`band_finding`), with the saturated rows at the lowest T;
-    with ``ratio_key``, the levels whose step-0 fp32 gradient fp64 contradicts are left out of the fit."""
+    """A "grows like 1/T" claim on one per-run value (`band_finding`), with the saturated rows at the lowest T it
+    fits; with ``ratio_key``, the levels whose step-0 fp32 gradient fp64 contradicts are left out of the fit."""
     levels, note = fp64_checked(per_t(runs, lambda s: s.values.get(key)), runs, ratio_key)
     finding = band_finding(claim, statistic, levels)
-    finding.value += note + _saturation_note(runs)
+    finding.value += note + _saturation_note([s for s in runs if s.temperature in levels])
     return finding
+
+
+def fp64_valid_runs(runs: list[Summary]) -> tuple[list[Summary], str]:
+    """The runs at the levels where the whole network's step-0 fp32 gradient agrees with fp64 (`FP64_QK`), and the
+    note naming the levels left out. The per-layer slopes (table, figure, depth and excess rows) fit these only:
+    where the whole network's gradient is off, the layers whose gradients cross the most low-T layers are."""
+    bad = fp64_unreliable(runs, S.FP64_QK)
+    return [s for s in runs if s.temperature not in bad], _left_out(bad)
 
 
 def probe_findings(probe: dict | None) -> list[Finding]:
@@ -433,7 +444,7 @@ def _geometric_slope(levels: dict[float, list[float]]) -> float | None:
 def layer_slopes(summaries: list[Summary]) -> dict[str, dict[int, float]]:
     """{group: {layer: log-log slope against T of the per-T geometric mean of the layer's gradient norm}} (main
     arm, k = all): the point estimates of the per-layer table and figure."""
-    runs = k_all(main_arm(summaries))
+    runs, _ = fp64_valid_runs(k_all(main_arm(summaries)))
     out: dict[str, dict[int, float]] = {}
     for group in S.LAYER_GROUPS:
         for layer in sorted({layer for s in runs for layer in s.layer_grads.get(group, {})}):
@@ -474,8 +485,9 @@ def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | st
     Per seed (its runs share data across T) and layer, the log-log slope of |grad W_q,W_k| against T minus that of
     |grad control|: the part of the layer's T-dependence that goes through the attention logits (W_v and W_o see
     the same low-T layers above them, but not d alpha / d logits). Mean over seeds with a t-interval at the level in
-    force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient."""
-    runs = k_all(main_arm(summaries))
+    force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient. Levels the whole
+    network's fp64 check contradicts are left out (`fp64_valid_runs`)."""
+    runs, _ = fp64_valid_runs(k_all(main_arm(summaries)))
     seeds = sorted({s.seed for s in runs if s.seed is not None})
     layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
     out: dict[str, dict[int, Interval | str]] = {}
@@ -504,7 +516,7 @@ def depth_findings(summaries: list[Summary]) -> list[Finding]:
 
 
 def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
-    runs = k_all(main_arm(summaries))
+    runs, note = fp64_valid_runs(k_all(main_arm(summaries)))
     out = {}
     for group in S.LAYER_GROUPS:
         if not any(s.layer_grads.get(group) for s in runs):
@@ -518,6 +530,7 @@ def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
             DEPTH_RULE,
             lambda trends=trends: mean_interval(trends, what="seeds"),
         )
+        finding.value += note
         finding.paper_value, finding.experiment = "not a claim of the paper (its 1/T is per layer)", "training"
         out[group] = finding
     return out

@@ -14,6 +14,7 @@ from study.report import summary as S
 from study.report.findings import (
     Finding,
     SanityCheck,
+    fp64_valid_runs,
     k_all,
     largest_stable_lr,
     layer_slopes,
@@ -126,7 +127,14 @@ def layer_table(summaries: list[Summary]) -> str:
     layers = sorted({layer for by_layer in slopes.values() for layer in by_layer})
     n_layers = layers[-1] + 1
     rows = [[str(layer), str(n_layers - layer), *(fmt(slopes[g].get(layer), 3) for g in groups)] for layer in layers]
-    return table(["layer", "low-T layers crossed", *(f"slope {g}" for g in groups)], rows)
+    return table(["layer", "low-T layers crossed", *(f"slope {g}" for g in groups)], rows) + fp64_sentence(summaries)
+
+
+def fp64_sentence(summaries: list[Summary]) -> str:
+    """What the per-layer slopes leave out: the levels where the whole network's step-0 fp32 gradient is off fp64
+    (`fp64_valid_runs`), as a sentence after a table ("" when none is)."""
+    note = fp64_valid_runs(k_all(main_arm(summaries)))[1]
+    return f"\n\nLevels left out of these slopes (the whole network's {note.removeprefix('; left out, ')})." if note else ""
 
 
 def stability_table(summaries: list[Summary]) -> str:

@@ -308,6 +308,13 @@ def layered(power_by_crossed, seeds=SEEDS, n_layers=6, groups=("W_q,W_k", "W_v")
     return runs
 
 
+def test_depth_finding_on_a_two_layer_model_says_it_needs_three_layers():
+    """make quick's 2-layer model has no trend over depth to fit: the row says so, not "0 seeds"."""
+    (found,) = [f for f in F.depth_findings(layered(lambda crossed: -1.0, n_layers=2, groups=("W_q,W_k",)))]
+    assert found.verdict == INCONCLUSIVE and found.interval is None
+    assert "too few: 2 layers logged: a trend over depth needs 3" in found.value
+
+
 def test_depth_findings_see_compounding_and_its_absence():
     compounding = layered(lambda crossed: -0.6 - 0.2 * (crossed - 1))  # -0.6 at the last layer, -1.6 at the first
     found = F.depth_findings(compounding)

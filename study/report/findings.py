@@ -510,6 +510,14 @@ def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | st
     return out
 
 
+def _depth_interval(runs: list[Summary], group: str, trends: list[float]) -> Interval:
+    """The depth trend's interval over seeds; a model with fewer than 3 layers has no trend to fit, said so."""
+    layers = {layer for s in runs for layer in s.layer_grads.get(group, {})}
+    if len(layers) < 3:
+        raise TooFew(f"{len(layers)} layers logged: a trend over depth needs 3 (a deeper model would decide it)")
+    return mean_interval(trends, what="seeds")
+
+
 def depth_findings(summaries: list[Summary]) -> list[Finding]:
     """One per parameter group logged per layer: does the T-slope steepen with the low-T layers crossed?"""
     return list(depth_findings_by_group(summaries).values())
@@ -528,7 +536,7 @@ def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
             f"change of the log-log slope of |grad {group}| vs T per extra low-T layer crossed (least squares over "
             "layers, per seed; k = all)",
             DEPTH_RULE,
-            lambda trends=trends: mean_interval(trends, what="seeds"),
+            lambda trends=trends, group=group: _depth_interval(runs, group, trends),
         )
         finding.value += note
         finding.paper_value, finding.experiment = "not a claim of the paper (its 1/T is per layer)", "training"

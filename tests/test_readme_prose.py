@@ -335,14 +335,13 @@ def test_the_default_runs_opening_is_the_record_and_the_grid():
     expected = [
         f"on a fresh clone of commit {record['commit']}",
         f"{record['date'].split()[0]} (its wall time",
-        f"{checks.clock(demo['wall_s'])}, within the 20-minute budget",
+        f"{checks.clock(demo['wall_s'])}, {'within' if demo['wall_s'] <= 20 * 60 else 'over'} the 20-minute budget",
         f"with the largest process at {demo['max_rss_kib'] / 2**20:.2f} GiB resident",
         f"{len(PLAN.runs)} fine-tuning runs of {STEPS} attention-only AdamW steps",
         f"(T in {{{', '.join(fmt(t) for t in temps)}}} x {len({r.params['seed'] for r in grid})} seeds with all keys",
         f"a top-8 arm of one seed at T = {', '.join(fmt(t) for t in top8[:-1])} and {fmt(top8[-1])}",
         f"a plain-SGD arm of {len(sgd)} runs)",
     ]
-    assert demo["wall_s"] < 20 * 60, "the opening says 'within the 20-minute budget'"
     missing = [words for words in expected if words not in opening]
     assert not missing, f"README.md's 'What the default run found' opening no longer says: {missing}"
 

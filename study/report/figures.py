@@ -207,12 +207,12 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
     clipping_off = all(s.clip is None for s in summaries)
     if not clipping_off:
         panels.append(("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean))
+    runs = {t: len(v) for t, v in per_t(summaries, lambda s: 1.0).items()}  # per T, for the tick labels
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4))
     for ax, (title, value, reduce) in zip(axes, panels):
         data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
         if data:
             ax.bar(range(len(data)), list(data.values()))
-            runs = {t: len(v) for t, v in per_t(summaries, lambda s: 1.0).items()}
             ax.set_xticks(range(len(data)), [f"{t:g}\n({runs.get(t, 0)} runs)" for t in data])
             if not any(data.values()):  # bars of height 0 are invisible: say so
                 ax.text(0.5, 0.5, f"0 at every T ({len(summaries)} runs)", ha="center", transform=ax.transAxes)

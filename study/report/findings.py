@@ -457,10 +457,10 @@ def layer_slopes(summaries: list[Summary]) -> dict[str, dict[int, float]]:
 def depth_trends(runs: list[Summary], group: str) -> list[float]:
     """Per seed: the least-squares change of a layer's T-slope per extra low-T layer its gradient crosses (layer l
     of n crosses n - l: its own attention and every layer above it). Seeds share data order across T, so each
-    seed's runs give one slope per layer."""
+    seed's runs give one slope per layer. A model with fewer than 3 layers has no trend to fit (`TooFew`)."""
     layers = sorted({layer for s in runs for layer in s.layer_grads.get(group, {})})
     if len(layers) < 3:
-        return []
+        raise TooFew(f"{len(layers)} layers logged: a trend over depth needs 3 (a deeper model would decide it)")
     n_layers = layers[-1] + 1
     trends = []
     for seed in sorted({s.seed for s in runs if s.seed is not None}):
@@ -510,14 +510,6 @@ def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | st
     return out
 
 
-def _depth_interval(runs: list[Summary], group: str, trends: list[float]) -> Interval:
-    """The depth trend's interval over seeds; a model with fewer than 3 layers has no trend to fit, said so."""
-    layers = {layer for s in runs for layer in s.layer_grads.get(group, {})}
-    if len(layers) < 3:
-        raise TooFew(f"{len(layers)} layers logged: a trend over depth needs 3 (a deeper model would decide it)")
-    return mean_interval(trends, what="seeds")
-
-
 def depth_findings(summaries: list[Summary]) -> list[Finding]:
     """One per parameter group logged per layer: does the T-slope steepen with the low-T layers crossed?"""
     return list(depth_findings_by_group(summaries).values())
@@ -529,14 +521,13 @@ def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
     for group in S.LAYER_GROUPS:
         if not any(s.layer_grads.get(group) for s in runs):
             continue
-        trends = depth_trends(runs, group)
         finding = _judge(
             f"5. (depth) the {group} gradient's T-slope steepens with each low-T layer it crosses",
             "no change with depth (0 per layer)",
             f"change of the log-log slope of |grad {group}| vs T per extra low-T layer crossed (least squares over "
             "layers, per seed; k = all)",
             DEPTH_RULE,
-            lambda trends=trends, group=group: _depth_interval(runs, group, trends),
+            lambda group=group: mean_interval(depth_trends(runs, group), what="seeds"),
         )
         finding.value += note
         finding.paper_value, finding.experiment = "not a claim of the paper (its 1/T is per layer)", "training"

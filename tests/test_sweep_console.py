@@ -94,21 +94,27 @@ def test_a_diverged_run_reads_one_step_number():
     assert "(step 10" in finished
 
 
-def test_the_eta_is_the_wall_clock_rate_once_every_slot_has_ended_a_run():
-    """A run's own duration leaves out its process's start-up and the slots' contention: after a slot's worth of
-    runs the ETA is elapsed / runs done x runs left, not the mean duration / slots (half the wait, measured)."""
+def test_the_eta_is_the_runs_slot_time_not_the_sweeps_elapsed_time():
+    """A run's own duration leaves out its process's start-up and the slots' contention (half the wait, measured);
+    the sweep's elapsed time includes the frozen-model steps and the estimate that held slots before any run ended
+    (a demo read "ETA 56:05" after two runs, 14 minutes before its end). The rate is the runs' slot time."""
     import time
 
     from study.sweep.config import Run
     from study.sweep.pool import SweepProgress
 
-    progress = SweepProgress(6, 2, None)
+    progress = SweepProgress(6, 2, estimate_s=60.0)
+    assert progress.eta() == 60.0  # nothing ended: the up-front estimate
     run = Run(0, "T1_s0", None, {}, [], {})
-    progress.start = time.perf_counter() - 100.0  # 100 s of wall clock so far
-    progress.update(run, {"state": "finished", "duration_s": 10.0})
-    assert progress.eta() == 10.0 * 5 / 2  # one run ended, two slots: its duration per slot
-    progress.update(run, {"state": "finished", "duration_s": 10.0})
-    assert 100.0 / 2 * 4 <= progress.eta() < 101.0 / 2 * 4  # two ended in 100 s: 50 s a run, 4 to go
+    progress.start = time.perf_counter() - 300.0  # 300 s of wall clock so far (the probe and the analysis first)
+    progress.update(run, {"state": "finished", "duration_s": 10.0}, slot_s=16.0)
+    assert progress.eta() == 16.0 * 5 / 2  # its slot time, not its duration, per slot
+    progress.update(run, {"state": "finished", "duration_s": 12.0}, slot_s=20.0)
+    assert progress.eta() == 18.0 * 4 / 2  # not 300 s / 2 runs x 4 left
+    progress.update(run, {"state": "finished", "duration_s": 7.0})  # a run in this process: its own duration
+    assert progress.eta() == (16.0 + 20.0 + 7.0) / 3 * 3 / 2
+    progress.update(run, {"state": "finished", "duration_s": 99.0}, skipped=True)  # done before: no rate
+    assert progress.eta() == (16.0 + 20.0 + 7.0) / 3 * 2 / 2
 
 
 def test_the_estimate_reads_a_fresh_processs_start_up_and_leaves_it_out_when_the_probe_fails():

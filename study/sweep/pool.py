@@ -158,9 +158,12 @@ def stop_jobs(jobs: list, signum: int, progress: SweepProgress | None, grace_s: 
 class SweepProgress:
     """A line per run and an overall ETA from the runs done in this invocation.
 
-    Once a slot's worth of runs (``parallel``) has ended, the ETA is the wall-clock rate so far: it includes what a
-    run's own duration leaves out (each subprocess's interpreter start-up and imports, the slots' contention),
-    which made the ETA from durations alone about half the wait. Before that, the mean duration per slot.
+    The ETA is the mean slot time of the runs ended so far x the runs left / the slots. A run's slot time is its
+    wall time in the pool, from launch to exit (``slot_s``): it includes what a run's own duration leaves out (its
+    process's interpreter start-up and imports, the slots' contention), which made an ETA from durations alone
+    about half the wait. The sweep's elapsed time is not the rate: the frozen-model steps and the up-front
+    estimate hold slots before any run ends (a demo read "ETA 56:05" after its second run, 14 minutes before its
+    end). Runs in this process (no pool) count their own duration. Before any run ends, the up-front estimate.
     """
 
     def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
@@ -171,18 +174,16 @@ class SweepProgress:
 
     def eta(self) -> float | None:
         remaining = self.total - self.done
-        if len(self.durations) >= self.parallel:
-            return (time.perf_counter() - self.start) / len(self.durations) * remaining
         if self.durations:
             return sum(self.durations) / len(self.durations) * remaining / self.parallel
         if self.estimate_s is not None:
             return self.estimate_s * remaining / max(self.total, 1)
         return None
 
-    def update(self, run: Run, status: dict[str, Any], skipped: bool = False) -> str:
+    def update(self, run: Run, status: dict[str, Any], skipped: bool = False, slot_s: float | None = None) -> str:
         self.done += 1
-        if not skipped and status.get("duration_s") is not None:
-            self.durations.append(float(status["duration_s"]))
+        if not skipped and (slot_s is not None or status.get("duration_s") is not None):
+            self.durations.append(float(slot_s if slot_s is not None else status["duration_s"]))
         state = status.get("state", "?")
         detail = (
             "skipped (already " + state + ")" if skipped else f"{state} in {status.get('duration_s', 0):.1f}s"
@@ -329,8 +330,9 @@ def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending,
             if proc.poll() is not None:
                 del active[slot]
                 status = finish_subprocess(proc, run)
-                status.setdefault("duration_s", round(time.perf_counter() - started, 2))
-                progress.update(run, status)
+                slot_s = time.perf_counter() - started
+                status.setdefault("duration_s", round(slot_s, 2))
+                progress.update(run, status, slot_s=slot_s)
 
 
 def wait_for_pretraining(plan: Plan) -> None:

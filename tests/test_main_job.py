@@ -58,7 +58,7 @@ def test_main_job_grid_gives_the_report_what_it_needs():
 @pytest.mark.slow
 def test_main_job_runs_fine_tune_smollm2_unclipped_without_checkpoints():
     plan = build_plan(MAIN)
-    run = next(r for r in plan.runs if r.params["top_k"] == 8 and r.params["temperature"] == 0.1)
+    run = next(r for r in plan.runs if r.params["top_k"] == 8 and r.params["temperature"] == 0.01)
     config = _print_config(run.args)
     assert config["model"]["model_name_or_path"] == "smollm2-135m"
     assert config["data"]["tokenizer"] == "auto" and config["data"]["max_val_blocks"] is not None

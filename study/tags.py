@@ -148,6 +148,10 @@ GRAD_NORM = grad_norm(GRAD_GROUP_TOTAL)  # before clipping
 GRAD_NORM_CLIPPED = grad_norm("total_clipped")
 GRAD_NORM_NONFINITE = grad_norm("nonfinite_count")
 GRAD_Q, GRAD_K = grad_norm("attn_q"), grad_norm("attn_k")  # the attention-logit parameters W_q, W_k
+# The per-layer parameter groups (name -> the `grad_norm` kinds whose squares add up to the group's norm): W_q and
+# W_k together (the attention-logit gradient), W_v, W_o and the MLP. The report fits each against T per layer; the
+# fp64 check validates each per layer.
+LAYER_GROUPS = {"W_q,W_k": ("attn_q", "attn_k"), "W_v": ("attn_v",), "W_o": ("attn_out",), "MLP": ("mlp",)}
 GRAD_BLOCK_REGEX = "^" + re.escape(grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"(\d+|none)$"  # group: the block
 GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"(\d+)/(\w+)$"  # groups: block, kind
 
@@ -282,3 +286,4 @@ def fp64_ratio(group: str) -> str:
 
 FP64_RATIO_QK = fp64_ratio("attn_qk")  # sqrt(|g_Wq|^2 + |g_Wk|^2) over every layer
 FP64_RATIO_LAST_QK = fp64_ratio("last_block/attn_qk")  # the same for the last layer alone
+FP64_RATIO_LAYERS_WORST = fp64_ratio("layers/worst")  # per layer and group (W_q/W_k, W_v, W_o, MLP): furthest from 1

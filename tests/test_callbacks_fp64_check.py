@@ -7,7 +7,7 @@ import torch
 
 from study import tags
 from study.callbacks import Fp64GradientCheck
-from study.callbacks.fp64_check import _qk_norms
+from study.callbacks.fp64_check import _qk_norms, ratios
 from tests.callback_helpers import make_trainer, scalars, token_loader
 from tests.test_callbacks_baseline import module
 
@@ -15,7 +15,7 @@ from tests.test_callbacks_baseline import module
 def test_ratio_is_one_at_t1_and_logged_once_at_step0(tmp_path):
     make_trainer(tmp_path, [Fp64GradientCheck()], max_steps=3).fit(module(temperature=1.0), token_loader(n=6, vocab=64))
     logged = scalars(tmp_path)
-    for tag in (tags.FP64_RATIO_QK, tags.FP64_RATIO_LAST_QK):
+    for tag in (tags.FP64_RATIO_QK, tags.FP64_RATIO_LAST_QK, tags.FP64_RATIO_LAYERS_WORST):
         assert [s for s, _ in logged[tag]] == [0]
         assert logged[tag][0][1] == pytest.approx(1.0, abs=1e-4)
 
@@ -64,3 +64,20 @@ def test_the_model_is_converted_in_place_and_back_exactly_and_the_taps_see_nothi
     assert Counter.calls == 0
     assert lit.model.training and lit.model.dtype == torch.float32
     assert all(torch.equal(p, before[name]) and p.dtype == torch.float32 for name, p in lit.model.named_parameters())
+
+
+def test_the_worst_layer_ratio_is_the_one_furthest_from_one_over_every_layer_and_group():
+    """One layer's W_v off by 1/0.8 outweighs another's W_q/W_k off by 1.1 (in log: 0.22 against 0.10); W_q and W_k
+    combine as one norm per layer; a zero fp64 norm (a non-finite ratio) is the furthest of all."""
+    fp64 = {"attn_q": 3.0, "attn_k": 4.0, "block_0/attn_q": 3.0, "block_0/attn_k": 4.0, "block_0/attn_v": 1.0,
+            "block_1/attn_q": 0.0, "block_1/attn_k": 0.0, "block_1/attn_v": 2.0, "block_1/attn_out": 1.0}
+    fp32 = {**fp64, "block_0/attn_q": 3.3, "block_0/attn_k": 4.4, "block_1/attn_v": 2.5}
+    got = ratios(fp32, {**fp64, "block_1/attn_q": 1.0})
+    assert got[tags.FP64_RATIO_QK] == pytest.approx(1.0)
+    assert got[tags.FP64_RATIO_LAST_QK] == pytest.approx(0.0)  # layer 1: fp32 0 over fp64 1
+    assert got[tags.FP64_RATIO_LAYERS_WORST] == pytest.approx(0.0)
+    fp64_ok = {**fp64, "block_1/attn_q": 1.0}
+    fp32_ok = {**fp32, "block_1/attn_q": 1.0}
+    assert ratios(fp32_ok, fp64_ok)[tags.FP64_RATIO_LAYERS_WORST] == pytest.approx(2.5 / 2.0)
+    assert math.isnan(ratios(fp32, fp64)[tags.FP64_RATIO_LAST_QK])  # fp64 norm 0: no ratio
+    assert math.isnan(ratios(fp32, fp64)[tags.FP64_RATIO_LAYERS_WORST])  # and it is the worst

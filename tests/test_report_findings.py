@@ -460,9 +460,9 @@ def test_training_slopes_leave_out_levels_fp64_contradicts():
     assert F.slope_finding("x", "s", runs(30.0), S.GRAD_QK).verdict == NOT_SUPPORTED  # no check asked: all levels
 
 
-def test_per_layer_slopes_leave_out_levels_the_whole_networks_fp64_check_contradicts():
-    """The per-layer table, the excess slopes and the depth rows fit only the levels where the whole network's
-    step-0 fp32 gradient agrees with fp64: a level 30x off there (planted in every layer at T = 0.01) would bend
+def test_per_layer_slopes_leave_out_levels_the_fp64_check_contradicts():
+    """The per-layer table, the excess slopes and the depth rows fit only the levels where the whole network's and
+    every layer's step-0 fp32 gradient agrees with fp64: a level 30x off there (planted in every layer at T = 0.01) would bend
     every layer's slope; left out, the planted exponents come back and the rows name the level."""
     from study.report.markdown import layer_table
 
@@ -486,4 +486,16 @@ def test_per_layer_slopes_leave_out_levels_the_whole_networks_fp64_check_contrad
     # without the check's ratio every level is fitted, and the planted 30x at T = 0.01 bends the slopes
     for r in runs:
         r.values.pop(S.FP64_QK, None)
+    assert F.layer_slopes(runs)["W_q,W_k"][2] != pytest.approx(-1.1, abs=0.1)
+    # the per-layer ratio decides on its own: the whole network within 5%, one layer 30x off: the level goes, and
+    # the note names the worse ratio; both within 5%: it stays
+    for r in runs:
+        if r.seed == SEEDS[0]:
+            r.values[S.FP64_QK] = 1.01
+            r.values[S.FP64_LAYERS] = 30.0 if r.temperature == 0.01 else 0.97
+    assert F.layer_slopes(runs)["W_q,W_k"][2] == pytest.approx(-1.1, abs=0.03)
+    assert "T=0.01 (30)" in F.depth_findings_by_group(runs)["W_q,W_k"].value
+    for r in runs:
+        if r.seed == SEEDS[0]:
+            r.values[S.FP64_LAYERS] = 1.04
     assert F.layer_slopes(runs)["W_q,W_k"][2] != pytest.approx(-1.1, abs=0.1)

@@ -4,6 +4,7 @@ can leave out the temperatures where an fp32 gradient is not what it claims to b
 from __future__ import annotations
 
 import copy
+import math
 import os
 from typing import Any
 
@@ -17,9 +18,9 @@ from study.attention.tap import suspended
 from study.metrics.gradients import grouped_grad_norms
 
 
-def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
-    """(every layer, last layer) sqrt(|g_Wq|^2 + |g_Wk|^2) of ``model`` in ``dtype`` (dropout off), for the
-    language-model loss of ``batch``.
+def _grad_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, float]:
+    """The gradient norms per kind and per block and kind (`grouped_grad_norms`) of ``model`` in ``dtype`` (dropout
+    off), for the language-model loss of ``batch``.
 
     The model itself is converted to ``dtype`` and back, not copied: a float32 -> float64 -> float32 round trip is
     exact, and a copy in float64 would hold the model three times over at once (a resident-memory budget counts
@@ -40,25 +41,67 @@ def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: tor
         ids = batch["input_ids"]
         with suspended():  # the monitors' taps are open on this step: these passes are not the training step's
             target(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids).loss.backward()
-        norms = grouped_grad_norms(target.named_parameters(), by=("kind", "block_kind"))
+        norms = {key: float(value) for key, value in
+                 grouped_grad_norms(target.named_parameters(), by=("kind", "block_kind")).items()}
     finally:
         target.to(torch.float32).train(was_training)
         for p, grad in zip(target.parameters(), saved_grads):
             p.grad = grad
+    return norms
 
-    def qk(prefix: str) -> float:
-        return float(sum(float(norms.get(f"{prefix}attn_{k}", torch.zeros(()))) ** 2 for k in "qk")) ** 0.5
 
-    blocks = sorted({int(key.split("/")[0][len("block_"):]) for key in norms
-                     if key.startswith("block_") and key.split("/")[0][len("block_"):].isdigit()})
-    return qk(""), (qk(f"block_{blocks[-1]}/") if blocks else float("nan"))
+def _blocks(norms: dict[str, float]) -> list[int]:
+    return sorted({int(key.split("/")[0][len("block_"):]) for key in norms
+                   if key.startswith("block_") and key.split("/")[0][len("block_"):].isdigit()})
+
+
+def _group_norm(norms: dict[str, float], kinds: tuple[str, ...], prefix: str = "") -> float | None:
+    """sqrt of the sum of squares of the kinds' norms (None if the model logged none of them)."""
+    parts = [norms[f"{prefix}{kind}"] for kind in kinds if f"{prefix}{kind}" in norms]
+    return math.sqrt(sum(part**2 for part in parts)) if parts else None
+
+
+def _qk_norms(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
+    """(every layer, last layer) sqrt(|g_Wq|^2 + |g_Wk|^2) of ``model`` in ``dtype`` (`_grad_norms`)."""
+    norms = _grad_norms(model, batch, dtype)
+    blocks = _blocks(norms)
+    qk = tags.LAYER_GROUPS["W_q,W_k"]
+    last = _group_norm(norms, qk, f"block_{blocks[-1]}/") if blocks else None
+    return _group_norm(norms, qk) or 0.0, last if last is not None else float("nan")
+
+
+def _ratio(fp32: float | None, fp64: float | None) -> float:
+    return fp32 / fp64 if fp32 is not None and fp64 is not None and fp64 > 0 else float("nan")
+
+
+def ratios(fp32: dict[str, float], fp64: dict[str, float]) -> dict[str, float]:
+    """The logged fp32 / fp64 ratios from the two passes' norms: W_q/W_k over every layer, in the last layer, and the
+    per-layer ratio furthest from 1 (in log; a non-finite one first) over every layer and group of `tags.LAYER_GROUPS`
+    that has a gradient: a per-layer slope fits the level only if every layer's gradient there is what it claims."""
+    blocks = _blocks(fp64)
+    qk = tags.LAYER_GROUPS["W_q,W_k"]
+    per_layer = [_ratio(_group_norm(fp32, kinds, f"block_{b}/"), _group_norm(fp64, kinds, f"block_{b}/"))
+                 for b in blocks for kinds in tags.LAYER_GROUPS.values()
+                 if _group_norm(fp64, kinds, f"block_{b}/") is not None]
+
+    def distance(r: float) -> float:
+        return abs(math.log(r)) if math.isfinite(r) and r > 0 else math.inf
+
+    last = f"block_{blocks[-1]}/" if blocks else "none/"
+    return {
+        tags.FP64_RATIO_QK: _ratio(_group_norm(fp32, qk), _group_norm(fp64, qk)),
+        tags.FP64_RATIO_LAST_QK: _ratio(_group_norm(fp32, qk, last), _group_norm(fp64, qk, last)),
+        tags.FP64_RATIO_LAYERS_WORST: max(per_layer, key=distance) if per_layer else float("nan"),
+    }
 
 
 class Fp64GradientCheck(Callback):
     """At the first training batch, the W_q/W_k gradient norm of a float32 and a float64 copy of the model on that
     batch, logged at step 0 as fp32 / fp64 (``fp64_check/attn_qk`` over every layer, ``fp64_check/last_block/
-    attn_qk`` for the last layer). A ratio far from 1 says the fp32 gradient at this setting is rounding, not the
-    model: `study report` leaves such temperatures out of its training slopes.
+    attn_qk`` for the last layer, ``fp64_check/layers/worst`` the ratio furthest from 1 over every layer's W_q/W_k,
+    W_v, W_o and MLP gradients). A ratio far from 1 says the fp32 gradient at this setting is rounding, not the
+    model: `study report` leaves such temperatures out of its training slopes (the per-layer ones by the worst
+    layer).
 
     The step-0 gradient depends on the setting and the batch, not the optimizer; with ``seed`` it runs only in the
     run whose global seed is that one (once per setting, like `BaselineValidation`). Both passes run in eval mode
@@ -83,10 +126,7 @@ class Fp64GradientCheck(Callback):
             return
         model = getattr(pl_module, "model", pl_module)
         with torch.enable_grad():
-            fp32 = _qk_norms(model, batch, torch.float32)
-            fp64 = _qk_norms(model, batch, torch.float64)
-        metrics = {tag: (a / b if b > 0 else float("nan"))
-                   for tag, a, b in ((tags.FP64_RATIO_QK, fp32[0], fp64[0]), (tags.FP64_RATIO_LAST_QK, fp32[1], fp64[1]))}
+            metrics = ratios(_grad_norms(model, batch, torch.float32), _grad_norms(model, batch, torch.float64))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=0)
 

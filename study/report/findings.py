@@ -174,8 +174,7 @@ def fp64_unreliable(runs: list[Summary], ratio_key: str) -> dict[float, float]:
         if ratio is None:
             continue
         bad = not math.isfinite(ratio) or ratio <= 0 or abs(ratio - 1) > FP64_TOLERANCE
-        if bad and (s.temperature not in worst or not math.isfinite(ratio) or ratio <= 0
-                    or abs(math.log(ratio)) > abs(math.log(worst[s.temperature]))):
+        if bad and (s.temperature not in worst or _distance(ratio) > _distance(worst[s.temperature])):
             worst[s.temperature] = ratio
     return worst
 
@@ -204,11 +203,21 @@ def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str, rat
 
 
 def fp64_valid_runs(runs: list[Summary]) -> tuple[list[Summary], str]:
-    """The runs at the levels where the whole network's step-0 fp32 gradient agrees with fp64 (`FP64_QK`), and the
-    note naming the levels left out. The per-layer slopes (table, figure, depth and excess rows) fit these only:
-    where the whole network's gradient is off, the layers whose gradients cross the most low-T layers are."""
+    """The runs at the levels where every layer's step-0 fp32 gradient agrees with fp64, and the note naming the
+    levels left out (with the worse of the two ratios). The per-layer slopes (table, figure, depth and excess rows)
+    fit these only. Every layer and group is read from the check's worst per-layer ratio (`FP64_LAYERS`); runs
+    logged before that ratio existed have the whole network's (`FP64_QK`) only, a proxy: where it is off, the
+    layers whose gradients cross the most low-T layers are."""
     bad = fp64_unreliable(runs, S.FP64_QK)
+    for t, ratio in fp64_unreliable(runs, S.FP64_LAYERS).items():
+        if t not in bad or _distance(ratio) > _distance(bad[t]):
+            bad[t] = ratio
     return [s for s in runs if s.temperature not in bad], _left_out(bad)
+
+
+def _distance(ratio: float) -> float:
+    """How far an fp32/fp64 ratio is from 1, in log (a non-finite or non-positive one the furthest)."""
+    return abs(math.log(ratio)) if math.isfinite(ratio) and ratio > 0 else math.inf
 
 
 def probe_findings(probe: dict | None) -> list[Finding]:
@@ -486,7 +495,7 @@ def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | st
     |grad control|: the part of the layer's T-dependence that goes through the attention logits (W_v and W_o see
     the same low-T layers above them, but not d alpha / d logits). Mean over seeds with a t-interval at the level in
     force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient. Levels the whole
-    network's fp64 check contradicts are left out (`fp64_valid_runs`)."""
+    network's or any layer's fp64 check contradicts are left out (`fp64_valid_runs`)."""
     runs, _ = fp64_valid_runs(k_all(main_arm(summaries)))
     seeds = sorted({s.seed for s in runs if s.seed is not None})
     layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})

@@ -26,6 +26,7 @@ GRAD_NORM = "grad_norm"  # median pre-clip total gradient norm over logged steps
 GRAD_QK = "grad_qk"  # median over logged steps of sqrt(|g_Wq|^2 + |g_Wk|^2)
 FP64_QK = "fp64_qk"  # step-0 fp32 / fp64 of that norm over every layer (Fp64GradientCheck), None where not run
 FP64_LAST_QK = "fp64_last_qk"  # the same for the last layer
+FP64_LAYERS = "fp64_layers"  # the per-layer (and group) ratio furthest from 1 (None in runs logged before it)
 JACOBIAN = "jacobian"  # final validation (else median training) mean attention Jacobian norm
 JACOBIAN_MAX = "jacobian_max"  # largest sampled Jacobian norm of the run (train and validation)
 ENTRY_RATIO = "entry_ratio_mean"  # final validation mean over sampled rows of the largest Jacobian entry x 4T
@@ -168,7 +169,7 @@ def last_by_group(run: RunData, regex: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-LAYER_GROUPS = {"W_q,W_k": ("attn_q", "attn_k"), "W_v": ("attn_v",), "W_o": ("attn_out",), "MLP": ("mlp",)}
+LAYER_GROUPS = tags.LAYER_GROUPS  # the per-layer parameter groups (named in study/tags.py)
 
 
 def layer_gradients(run: RunData) -> dict[str, dict[int, float]]:
@@ -233,6 +234,7 @@ def _values(run: RunData) -> dict[str, Any]:
         SPIKES: count_spikes(run.series(tags.FIXED_BATCH_LOSS) or run.series(tags.TRAIN_LOSS)),
         FP64_QK: _last(run.series(tags.FP64_RATIO_QK)),
         FP64_LAST_QK: _last(run.series(tags.FP64_RATIO_LAST_QK)),
+        FP64_LAYERS: _last(run.series(tags.FP64_RATIO_LAYERS_WORST)),
     }
 
 

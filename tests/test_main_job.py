@@ -42,8 +42,9 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     assert len(seeds) >= 4
     top_ks = {r.params["top_k"] for r in selection}
     assert top_ks and 1 not in top_ks  # top-1 is identical across T by construction
+    # the top-8 arm is described beside the main arm (figures, per-T table), not fitted: the grid's two ends show it
     picked = sorted({r.params["temperature"] for r in selection})
-    assert set(picked) <= set(temperatures) and {picked[0], picked[-1]} == {temperatures[0], 1} and len(picked) >= 3
+    assert set(picked) <= set(temperatures) and {picked[0], picked[-1]} == {temperatures[0], 1}
     assert plan.pretrain is None and len(plan.runs) == len(temperatures) * len(seeds)
     # the instability arm: SGD at the lowest T and T = 1, at 2 learning rates, for the learning-rate bracket
     assert {(r.params["temperature"], r.params["learning_rate"]) for r in arm} == {

@@ -185,11 +185,12 @@ def fp64_checked(levels: dict[float, list[float]], runs: list[Summary], ratio_ke
     return {t: v for t, v in levels.items() if t not in bad}, _left_out(bad)
 
 
-def _left_out(bad: dict[float, float]) -> str:
-    """The note naming the levels fp64 contradicts, with their fp32/fp64 ratios ("" for none)."""
+def _left_out(bad: dict[float, float], gradient: str = "fp32 gradient") -> str:
+    """The note naming the levels fp64 contradicts, with their fp32/fp64 ratios ("" for none); `gradient` says
+    whose ratio it is where the row's own gradient is not the one checked."""
     if not bad:
         return ""
-    return (f"; left out, fp32 gradient {UNRELIABLE} (|fp32/fp64 - 1| > {fmt(FP64_TOLERANCE)} at step 0): "
+    return (f"; left out, {gradient} {UNRELIABLE} (|fp32/fp64 - 1| > {fmt(FP64_TOLERANCE)} at step 0): "
             + ", ".join(f"T={fmt(t)} ({fmt(r, 3)})" for t, r in sorted(bad.items())))
 
 
@@ -202,6 +203,11 @@ def slope_finding(claim: str, statistic: str, runs: list[Summary], key: str, rat
     return finding
 
 
+# whose ratio `fp64_valid_runs` names: the whole network's norm ratio lies between its layers' extremes, so where
+# the per-layer check ran its worst layer is the number, and the whole network's stands in for runs logged before it
+LAYERS_GRADIENT = "fp32 gradient (worst of the whole network and every layer)"
+
+
 def fp64_valid_runs(runs: list[Summary]) -> tuple[list[Summary], str]:
     """The runs at the levels where every layer's step-0 fp32 gradient agrees with fp64, and the note naming the
     levels left out (with the worse of the two ratios). The per-layer slopes (table, figure, depth and excess rows)
@@ -212,7 +218,7 @@ def fp64_valid_runs(runs: list[Summary]) -> tuple[list[Summary], str]:
     for t, ratio in fp64_unreliable(runs, S.FP64_LAYERS).items():
         if t not in bad or _distance(ratio) > _distance(bad[t]):
             bad[t] = ratio
-    return [s for s in runs if s.temperature not in bad], _left_out(bad)
+    return [s for s in runs if s.temperature not in bad], _left_out(bad, LAYERS_GRADIENT)
 
 
 def _distance(ratio: float) -> float:

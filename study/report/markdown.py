@@ -134,8 +134,7 @@ def fp64_sentence(summaries: list[Summary]) -> str:
     """What the per-layer slopes leave out: the levels where a layer's (or the whole network's) step-0 fp32 gradient
     is off fp64 (`fp64_valid_runs`), as a sentence after a table ("" when none is)."""
     note = fp64_valid_runs(k_all(main_arm(summaries)))[1]
-    return (f"\n\nLevels left out of these slopes (the worst of the whole network's and every layer's "
-            f"{note.removeprefix('; left out, ')})." if note else "")
+    return f"\n\nLevels left out of these slopes: {note.removeprefix('; left out, ')}." if note else ""
 
 
 def stability_table(summaries: list[Summary]) -> str:

@@ -287,3 +287,12 @@ def fp64_ratio(group: str) -> str:
 FP64_RATIO_QK = fp64_ratio("attn_qk")  # sqrt(|g_Wq|^2 + |g_Wk|^2) over every layer
 FP64_RATIO_LAST_QK = fp64_ratio("last_block/attn_qk")  # the same for the last layer alone
 FP64_RATIO_LAYERS_WORST = fp64_ratio("layers/worst")  # per layer and group (W_q/W_k, W_v, W_o, MLP): furthest from 1
+
+
+def fp64_grad_norm(group: str) -> str:
+    """``fp64_check/grad_norm/{group}``: the float64 gradient norm at step 0 of a `grad_norm` group (a kind, or
+    ``block_{i}/{kind}``), the reference the report fits its step-0 gradient slopes on."""
+    return fp64_ratio(grad_norm(group))
+
+
+FP64_GRAD_BLOCK_KIND_REGEX = "^" + re.escape(fp64_grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"(\d+)/(\w+)$"  # block, kind

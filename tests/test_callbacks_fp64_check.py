@@ -81,3 +81,27 @@ def test_the_worst_layer_ratio_is_the_one_furthest_from_one_over_every_layer_and
     assert ratios(fp32_ok, fp64_ok)[tags.FP64_RATIO_LAYERS_WORST] == pytest.approx(2.5 / 2.0)
     assert math.isnan(ratios(fp32, fp64)[tags.FP64_RATIO_LAST_QK])  # fp64 norm 0: no ratio
     assert math.isnan(ratios(fp32, fp64)[tags.FP64_RATIO_LAYERS_WORST])  # and it is the worst
+
+
+def test_the_logged_fp64_norms_are_each_blocks_float64_gradient(tmp_path):
+    """Each block's fp64 W_q, W_k and W_v norms, logged once at step 0, equal a float64 backward of the model on the
+    first batch (GPT-2's fused c_attn split into q | k | v columns), to the float32 an event file stores a scalar in."""
+    lit = module(temperature=0.1)
+    start = {name: p.detach().clone() for name, p in lit.model.named_parameters()}
+    loader = token_loader(n=2, vocab=64)
+    make_trainer(tmp_path, [Fp64GradientCheck()], max_steps=1).fit(lit, loader)
+    logged = scalars(tmp_path)
+    ref = module(temperature=0.1)
+    ref.model.load_state_dict(start, strict=False)  # lm_head is tied to the embedding
+    ref = ref.model.double().eval()
+    ids = next(iter(loader))["input_ids"]
+    ref(input_ids=ids, labels=ids).loss.backward()
+    width = ref.config.n_embd
+    for i, block in enumerate(ref.transformer.h):
+        w, b = block.attn.c_attn.weight.grad, block.attn.c_attn.bias.grad
+        for j, kind in enumerate(("attn_q", "attn_k", "attn_v")):
+            cols = slice(j * width, (j + 1) * width)
+            expected = math.sqrt(float(w[:, cols].pow(2).sum() + b[cols].pow(2).sum()))
+            tag = tags.fp64_grad_norm(f"block_{i}/{kind}")
+            assert [s for s, _ in logged[tag]] == [0]
+            assert logged[tag][0][1] == pytest.approx(expected, rel=2e-7)

@@ -1,5 +1,5 @@
-"""`Fp64GradientCheck`: the step-0 gradient of the first training batch computed again in float64, so the report
-can leave out the temperatures where an fp32 gradient is not what it claims to be."""
+"""`Fp64GradientCheck`: the step-0 gradient of the first training batch computed again in float64: the per-layer
+float64 norms (a reference no CPU's rounding tips) and how far float32 is from them."""
 
 from __future__ import annotations
 
@@ -74,6 +74,13 @@ def _ratio(fp32: float | None, fp64: float | None) -> float:
     return fp32 / fp64 if fp32 is not None and fp64 is not None and fp64 > 0 else float("nan")
 
 
+def fp64_norms(fp64: dict[str, float]) -> dict[str, float]:
+    """The logged float64 norms: every block's gradient norm per parameter kind (``fp64_check/grad_norm/block_{i}/
+    {kind}``), from which the report builds any layer's or the whole network's group norm."""
+    return {tags.fp64_grad_norm(key): value for key, value in fp64.items()
+            if key.startswith(tags.GRAD_GROUP_BLOCK_PREFIX) and "/" in key}
+
+
 def ratios(fp32: dict[str, float], fp64: dict[str, float]) -> dict[str, float]:
     """The logged fp32 / fp64 ratios from the two passes' norms: W_q/W_k over every layer, in the last layer, and the
     per-layer ratio furthest from 1 (in log; a non-finite one first) over every layer and group of `tags.LAYER_GROUPS`
@@ -96,18 +103,19 @@ def ratios(fp32: dict[str, float], fp64: dict[str, float]) -> dict[str, float]:
 
 
 class Fp64GradientCheck(Callback):
-    """At the first training batch, the W_q/W_k gradient norm of a float32 and a float64 copy of the model on that
-    batch, logged at step 0 as fp32 / fp64 (``fp64_check/attn_qk`` over every layer, ``fp64_check/last_block/
-    attn_qk`` for the last layer, ``fp64_check/layers/worst`` the ratio furthest from 1 over every layer's W_q/W_k,
-    W_v, W_o and MLP gradients). A ratio far from 1 says the fp32 gradient at this setting is rounding, not the
-    model: `study report` leaves such temperatures out of its training slopes (the per-layer ones by the worst
-    layer).
+    """At the first training batch, the gradient of a float32 and a float64 pass of the model on that batch, logged
+    at step 0: the float64 norm of every block's gradient per parameter kind (``fp64_check/grad_norm/block_{i}/
+    {kind}``), and float32 over float64 (``fp64_check/attn_qk``: W_q/W_k over every layer; ``fp64_check/last_block/
+    attn_qk``: the last layer's; ``fp64_check/layers/worst``: the ratio furthest from 1 over every layer's W_q/W_k,
+    W_v, W_o and MLP gradients). At low temperature a float32 gradient can be rounding more than model (its error
+    grows with the attention logits' conditioning, and differs between CPUs' matmul kernels); the float64 norms are
+    the same on every machine to many digits, so `study report` fits its step-0 gradient slopes on them.
 
-    The step-0 gradient depends on the setting and the batch, not the optimizer; with ``seed`` it runs only in the
-    run whose global seed is that one (once per setting, like `BaselineValidation`). Both passes run in eval mode
-    (no dropout), so they compute the same function, with the monitors' taps suspended. It costs two extra
-    forward/backward passes once per run and, while the float64 pass runs, the model's weights in float64 in place
-    of float32 (converted back exactly).
+    Only parameters that train get a gradient (a frozen MLP has none). The step-0 gradient depends on the setting
+    and the batch (the seed's first batch), not the optimizer; with ``seed`` it runs only in the run whose global
+    seed is that one. Both passes run in eval mode (no dropout), so they compute the same function, with the
+    monitors' taps suspended. It costs two extra forward/backward passes once per run and, while the float64 pass
+    runs, the model's weights in float64 in place of float32 (converted back exactly).
 
     Args:
         seed: check only when the run's global seed is this (None: in every run).
@@ -126,7 +134,8 @@ class Fp64GradientCheck(Callback):
             return
         model = getattr(pl_module, "model", pl_module)
         with torch.enable_grad():
-            metrics = ratios(_grad_norms(model, batch, torch.float32), _grad_norms(model, batch, torch.float64))
+            fp32, fp64 = _grad_norms(model, batch, torch.float32), _grad_norms(model, batch, torch.float64)
+        metrics = {**ratios(fp32, fp64), **fp64_norms(fp64)}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=0)
 

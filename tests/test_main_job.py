@@ -35,9 +35,10 @@ def test_main_job_grid_gives_the_report_what_it_needs():
     temperatures = sorted({r.params["temperature"] for r in plan.runs})
     seeds = {r.params["seed"] for r in plan.runs}
     assert 1 in temperatures and temperatures[0] <= 0.03  # stock, and where the instability claim bites
-    # every training slope keeps 3 levels the step-0 fp64 check validates: fp32 is off by more than 5% at T <= 0.1
-    # for the whole network (docs/results/smollm2-tgrid.md), at T = 0.01 for the last layer
-    assert len([t for t in temperatures if t > 0.1]) >= 3 and len([t for t in temperatures if t > 0.01]) >= 3
+    # the gradient slopes are fitted on the float64 step-0 gradients, so every level counts: the last layer is
+    # judged in the paper's regime, which needs 3 levels at T <= 0.1, and the depth rows need levels above it too
+    assert len([t for t in temperatures if t <= 0.1]) >= 3 and len([t for t in temperatures if t > 0.1]) >= 2
+    assert "seed: null" in (ROOT / "configs" / "smollm2.yaml").read_text().split("Fp64GradientCheck")[1][:200]
     # the training slopes' replicates (docs/findings.md#power): 4 seeds decide them at 5 levels
     assert len(seeds) >= 4
     top_ks = {r.params["top_k"] for r in selection}

@@ -59,7 +59,7 @@ def test_report_from_real_logs(tmp_path):
         assert scalars["val/loss"][0][0] == 0 and len(scalars["val/loss"]) == 2
     findings = text.split("## Findings")[1].split("## Sanity")[0]
     slope_row = next(line for line in findings.splitlines() if "grow like 1/T in training" in line)
-    assert "too few: 2 levels" in slope_row and "| inconclusive |" in slope_row  # 2 values of T, 1 seed
+    assert "too few: 2 levels" in slope_row and "| too few |" in slope_row  # 2 values of T, 1 seed
     sanity = text.split("## Sanity checks")[1].split("## Per temperature")[0].split("## Controls")[0]
     assert "| pass |" in sanity and "FAIL" not in sanity and "entrywise" in sanity
     per_layer = text.split("## Per layer")[1].split("## Stability")[0]

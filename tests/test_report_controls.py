@@ -119,7 +119,7 @@ def test_the_bracket_controls_runs_are_read_back_through_summarize():
     """The SGD bracket's planted runs come back from `summarize` as the sweep's runs do: optimizer and learning rate
     from the sweep's axes, a diverged run unstable, a calm one stable (no spike in its loss curve)."""
     runs = C.bracket_runs(lambda t, lr: lr >= 1 or t < 1)
-    assert len(runs) == len(C.BRACKET_TEMPERATURES) * len(C.BRACKET_LRS)
+    assert len(runs) == len(C.BRACKET_TEMPERATURES) * len(C.BRACKET_LRS) * C.BRACKET_SEEDS
     for run in runs:
         assert (run.optimizer, run.top_k) == ("sgd", None) and run.learning_rate in C.BRACKET_LRS
         assert run.unstable == (run.learning_rate >= 1 or run.temperature < 1)

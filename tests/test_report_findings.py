@@ -12,6 +12,13 @@ import pytest
 from study.report import findings as F
 from study.report import summary as S
 from study.report.stats import (
+    DEPTH_DIAGNOSTIC,
+    DIAGNOSTIC,
+    OBSERVED,
+    OBSERVED_ONE_RUN,
+    OUTSIDE_REGIME,
+    TOO_FEW,
+    tests_something as in_family,
     INCONCLUSIVE,
     NOT_SUPPORTED,
     SUPPORTED,
@@ -83,9 +90,9 @@ def test_one_over_t_finding_fails_on_saturated_rows(key):
     false = [run(t, s, **{key: 0.05 * math.exp(noise(s + 7 * i)), S.SATURATED: 0.9}) for i, t in enumerate(TEMPS) for s in SEEDS]
     assert F.slope_finding(claim, "s", true, key).verdict == SUPPORTED
     verdict = F.slope_finding(claim, "s", false, key)
-    assert verdict.verdict == NOT_SUPPORTED and "saturated rows at T=0.01: 0.9" in verdict.value
+    assert verdict.verdict == NOT_SUPPORTED and "saturated rows at the end by T: 0.01: 0.9" in verdict.value
     two_levels = [r for r in true if r.temperature != 0.1]
-    assert F.slope_finding(claim, "s", two_levels, key).verdict == INCONCLUSIVE
+    assert F.slope_finding(claim, "s", two_levels, key).verdict == TOO_FEW
 
 
 # ---- claims 1 and 6 --------------------------------------------------------------------------------------------
@@ -186,16 +193,20 @@ def test_recovery_finding_reads_training_from_its_step0_baseline():
     # without a step-0 validation there is nothing to read training from
     no_baseline = [run(0.01, s) for s in SEEDS] + [run(1.0, s) for s in SEEDS]
     f = F.recovery_finding(no_baseline)
-    assert f.verdict == INCONCLUSIVE and "BaselineValidation" in f.value
+    assert f.verdict == TOO_FEW and "BaselineValidation" in f.value
+    for r in stuck:  # 12 fine-tuning steps: the row says what the runs did, the 200-step design is its test
+        r.steps = 12
+    f = F.recovery_finding(stuck)
+    assert f.verdict == OBSERVED and not in_family(f) and "its rule alone would read: supported" in f.value
 
 
 def test_lr_stability_finding_brackets_the_largest_stable_learning_rate():
-    def arm(unstable_at):  # {T: learning rates at which the SGD runs blow up}
-        return [run(t, 0, optimizer="sgd", learning_rate=lr, spikes=int(lr in lrs))
-                for t, lrs in unstable_at.items() for lr in (0.001, 0.01, 0.1)]  # fmt: skip
+    def arm(unstable_at, seeds):  # {T: learning rates at which the SGD runs blow up}
+        return [run(t, s, optimizer="sgd", learning_rate=lr, spikes=int(lr in lrs))
+                for t, lrs in unstable_at.items() for lr in (0.001, 0.01, 0.1) for s in seeds]  # fmt: skip
 
-    def make(unstable_at):
-        runs = arm(unstable_at)
+    def make(unstable_at, seeds=(0, 1)):
+        runs = arm(unstable_at, seeds)
         for r in runs:
             r.optimizer, r.learning_rate = r.values.pop("optimizer"), r.values.pop("learning_rate")
         return runs
@@ -208,6 +219,8 @@ def test_lr_stability_finding_brackets_the_largest_stable_learning_rate():
     assert [f.verdict for f in reversed_] == [NOT_SUPPORTED]
     same = F.lr_stability_findings(make({0.01: {0.1}, 1.0: {0.1}}))
     assert [f.verdict for f in same] == [INCONCLUSIVE]
+    (one,) = F.lr_stability_findings(make({0.01: {0.01, 0.1}, 1.0: {0.1}}, seeds=(0,)))  # one run per cell
+    assert one.verdict == OBSERVED_ONE_RUN and "its rule alone would read: supported" in one.value
     assert F.lr_stability_findings([run(t, 0) for t in TEMPS]) == []  # no learning-rate sweep, no finding
 
 
@@ -311,7 +324,7 @@ def layered(power_by_crossed, seeds=SEEDS, n_layers=6, groups=("W_q,W_k", "W_v")
 def test_depth_finding_on_a_two_layer_model_says_it_needs_three_layers():
     """make quick's 2-layer model has no trend over depth to fit: the row says so, not "0 seeds"."""
     (found,) = [f for f in F.depth_findings(layered(lambda crossed: -1.0, n_layers=2, groups=("W_q,W_k",)))]
-    assert found.verdict == INCONCLUSIVE and found.interval is None
+    assert found.verdict == TOO_FEW and found.interval is None
     assert "too few: 2 layers logged: a trend over depth needs 3" in found.value
 
 
@@ -325,11 +338,11 @@ def test_depth_findings_see_compounding_and_its_absence():
     flat = layered(lambda crossed: -1.0)  # every layer like 1/T: no depth effect
     assert all(f.verdict == NOT_SUPPORTED for f in F.depth_findings(flat))
     assert "for every parameter type" not in F.depth_statement(flat)
-    last = F.last_layer_finding(flat)
-    assert last.verdict == SUPPORTED and "layer 5" in last.claim
-    assert F.last_layer_finding(compounding).verdict == NOT_SUPPORTED  # -0.6: shallower than the band
+    last = F.last_layer_finding(flat)  # 2 levels at T <= 0.1: fitted over every T, outside the paper's regime
+    assert last.verdict == OUTSIDE_REGIME and "layer 5" in last.claim and "supported" in last.value
+    assert "not supported" in F.last_layer_finding(compounding).value  # -0.6: shallower than the band
     assert F.layer_slopes(flat)["W_v"][0] == pytest.approx(-1.0, abs=0.05)
-    assert F.depth_findings(layered(lambda c: -1.0, seeds=(0, 1)))[0].verdict == INCONCLUSIVE  # 2 seeds
+    assert F.depth_findings(layered(lambda c: -1.0, seeds=(0, 1)))[0].verdict == TOO_FEW  # 2 seeds
 
 
 # ---- BandRule itself -----------------------------------------------------------------------------------------------
@@ -452,9 +465,9 @@ def test_training_slopes_leave_out_levels_fp64_contradicts():
     bad = F.slope_finding("x", "s", runs(30.0), S.GRAD_QK, S.FP64_QK)
     assert bad.verdict == SUPPORTED and "left out, fp32 gradient numerically unreliable" in bad.value
     assert "T=0.01 (30)" in bad.value and "0.03" not in bad.value.split("left out")[1].split(";")[0]
-    assert bad.value.endswith("saturated rows at T=0.03: 0")  # the lowest level fitted, not the one left out
-    last = F.last_layer_finding(runs(30.0))
-    assert last.verdict == SUPPORTED and "T=0.01 (30)" in last.value
+    assert bad.value.endswith("saturated rows at the end by T: 0.03: 0, 0.1: 0, 1: 0")  # the levels fitted only
+    last = F.last_layer_finding(runs(30.0))  # 0.03 and 0.1 left at T <= 0.1: outside the paper's regime
+    assert last.verdict == OUTSIDE_REGIME and "T=0.01 (30)" in last.value and "would read: supported" in last.value
     kept = F.slope_finding("x", "s", runs(1.04), S.GRAD_QK, S.FP64_QK)  # within 5%: the level stays, and misleads
     assert kept.verdict == NOT_SUPPORTED and "left out" not in kept.value
     assert F.slope_finding("x", "s", runs(30.0), S.GRAD_QK).verdict == NOT_SUPPORTED  # no check asked: all levels
@@ -499,3 +512,41 @@ def test_per_layer_slopes_leave_out_levels_the_fp64_check_contradicts():
         if r.seed == SEEDS[0]:
             r.values[S.FP64_LAYERS] = 1.04
     assert F.layer_slopes(runs)["W_q,W_k"][2] != pytest.approx(-1.1, abs=0.1)
+
+
+def step0_runs(last_power: float, temps=(0.01, 0.03, 0.1, 0.3, 1.0), n_layers=4, fp32_off=30.0):
+    """Runs with float64 step-0 norms whose layer l grows like T^(last_power - 0.3 (crossed - 1)), and float32
+    training medians that rounding made `fp32_off` times too large at T = 0.01 (what the fp64 path must ignore)."""
+    runs = []
+    for i, t in enumerate(temps):
+        for s in SEEDS:
+            r = run(t, s, **{S.SATURATED_STEP0: 0.1 if t == 0.01 else 0.0, S.FP64_QK: fp32_off if t == 0.01 else 1.0})
+            r.step0_grads = {g: {layer: 0.1 * t ** (last_power - 0.3 * (n_layers - 1 - layer))
+                                 * math.exp(noise(s + 7 * i + layer)) for layer in range(n_layers)}
+                             for g in ("W_q,W_k", "W_v")}  # fmt: skip
+            r.layer_grads = {g: {k: v * (fp32_off if t == 0.01 else 1.0) for k, v in by.items()}
+                             for g, by in r.step0_grads.items()}  # fmt: skip
+            r.values[S.STEP0_QK] = S.whole_network(r.step0_grads["W_q,W_k"])
+            runs.append(r)
+    return runs
+
+
+def test_the_gradient_rows_read_the_float64_step0_norms_in_the_papers_regime():
+    """With float64 step-0 norms in every run, no level is left out (fp32's 30x at T = 0.01 is not read), the last
+    layer is judged over T <= 0.1 (3 levels) with every T's slope beside it, and the saturated fraction at step 0
+    is shown at each level fitted; the whole network is a diagnostic of depth compounding, outside the family."""
+    runs = step0_runs(-1.0)
+    last = F.last_layer_finding(runs)
+    assert last.verdict == SUPPORTED and "T = 0.01-0.1" in last.claim and "float64 gradient at step 0" in last.statistic
+    assert last.interval.estimate == pytest.approx(-1.0, abs=0.05) and "left out" not in last.value
+    assert "over every T (0.01-1): slope" in last.value
+    assert "saturated rows at step 0 by T: 0.01: 0.1, 0.03: 0, 0.1: 0" in last.value
+    assert F.last_layer_finding(step0_runs(-2.0)).verdict == NOT_SUPPORTED  # a planted T^-2 fails the band
+    whole = F.whole_network_finding(runs)
+    assert whole.verdict == DEPTH_DIAGNOSTIC and not in_family(whole)
+    assert "steeper than T^-1" in whole.value and "its rule alone would read: not supported" in whole.value
+    (qk, v) = F.depth_findings(runs)
+    assert qk.verdict == SUPPORTED and qk.interval.estimate == pytest.approx(-0.3, abs=0.03)
+    assert F.layer_slopes(runs)["W_q,W_k"][3] == pytest.approx(-1.0, abs=0.05)
+    jacobian = F.findings(runs)[0]
+    assert jacobian.verdict in (DIAGNOSTIC, TOO_FEW) and not in_family(jacobian)

@@ -8,12 +8,14 @@ import math
 
 import pytest
 
+from study import tags
+
 from study.report.findings import Finding, SanityCheck
 from study.report.scorecard import SCHEMA, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import SUPPORTED, Family, Interval
 from tests.test_report import write_fake_run
 
-TEMPS = (0.01, 0.1, 1.0)
+TEMPS = (0.01, 0.03, 0.1)  # three levels in the paper's regime (T <= 0.1): the last-layer row is judged
 
 
 def finding(claim="5. gradients grow like 1/T", value="-1 [-1.2, -0.8]", paper="1/T (slope -1)", experiment="probe"):
@@ -47,7 +49,8 @@ def test_report_json_holds_every_finding_with_its_interval():
 
 
 def fake_sweep(tmp_path):
-    """9 softmax runs (3 T x 3 seeds) whose W_q/W_k gradients grow like 1/T, and a probe.json."""
+    """9 softmax runs (3 T x 3 seeds) whose W_q/W_k gradients (the training steps' and the float64 ones at step 0,
+    of a one-block model) grow like 1/T, and a probe.json."""
     sweep = tmp_path / "fake"
     runs = []
     for i, t in enumerate(TEMPS):
@@ -57,6 +60,7 @@ def fake_sweep(tmp_path):
             write_fake_run(sweep, name, params, {
                 "train/loss": [(0, 5.0), (1, 4.0)], "val/ppl": [(2, 40.0 / t**0.5 * noise)],
                 "grad_norm/attn_q": [(0, noise / t), (1, noise / t)], "grad_norm/attn_k": [(0, noise / t), (1, noise / t)],
+                tags.fp64_grad_norm("block_0/attn_q"): [(0, noise / t)], tags.fp64_grad_norm("block_0/attn_k"): [(0, noise / t)],
             })  # fmt: skip
             runs.append({"name": name, "params": params})
     (sweep / "plan.json").write_text(json.dumps({"sweep": "fake", "runs": runs}))
@@ -90,10 +94,12 @@ def test_report_md_starts_with_the_scorecard_and_report_json_matches_it(tmp_path
     scorecard = text.split("## Scorecard")[1].split("## Findings")[0]
     assert scorecard_markdown(data["scorecard"], family) in scorecard  # the same rows, rendered by the same code
     assert data["model"] == "tiny-model" and data["runs"] == {"finished": 9}
-    grads = next(f for f in data["findings"] if f["claim"].startswith("5. (whole network"))
-    assert grads["experiment"] == "training" and grads["paper_value"] == "1/T"
+    grads = next(f for f in data["findings"] if f["claim"].startswith("5. the last layer's"))
+    assert grads["experiment"] == "training" and grads["paper_value"] == "1/T" and grads["family"]
     assert grads["interval"]["level"] == pytest.approx(family["level"]) and grads["verdict"] == SUPPORTED
     assert grads["interval"]["lo"] < -1 < grads["interval"]["hi"]
+    whole = next(f for f in data["findings"] if f["claim"].startswith("5. (whole network"))
+    assert whole["verdict"] == "diagnostic (depth compounding)" and not whole["family"]
     # the findings table's header names the family's level, not 95%
     assert f"value [{100 * family['level']:.4g}% CI]" in text.split("## Findings")[1]
     assert all(row["paper"] != "-" and row["experiment"] in {"training", "probe"} for row in data["scorecard"])

@@ -8,6 +8,7 @@ The concerns live in their own modules: `read` (event files and status), `summar
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from study import tags
@@ -16,7 +17,15 @@ from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
-from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
+from study.report.findings import (
+    Finding,
+    depth_statement,
+    excess_slopes,
+    findings,
+    main_arm,
+    relabel,
+    sanity_checks,
+)
 from study.report.frozen import frozen_findings, load_analysis
 from study.report.lrcurves import lr_section
 from study.report.probe import draw_layers
@@ -25,6 +34,7 @@ from study.report.read import RESULT_STATES, load_sweep, read_optional_json
 from study.report.scorecard import family_dict, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import (
     CONFIDENCE,
+    FRAGILE,
     Family,
     Interval,
     family_level,
@@ -75,13 +85,70 @@ def run_states(all_runs: list[Summary], not_counted: list[Summary] | None = None
     return dict(sorted(states.items()))
 
 
-def judged(summaries: list[Summary], probe: dict | None, analysis: dict | None = None) -> tuple[list[Finding], Family]:
+def judged(
+    summaries: list[Summary], probe: dict | None, analysis: dict | None = None, fragile: dict[str, str] | None = None
+) -> tuple[list[Finding], Family]:  # fmt: skip
     """The findings (training, probe and frozen-model) judged together, each interval at the Bonferroni level of the
-    family of rows that test something; each finding's `family` says whether it is one of them."""
-    found, family = simultaneous(lambda: findings(summaries, probe) + frozen_findings(analysis))
+    family of rows that test something; each finding's `family` says whether it is one of them. A claim in
+    ``fragile`` ({claim: what the other numerics path read}) is labelled `FRAGILE` and leaves the family."""
+    fragile = fragile or {}
+
+    def judge() -> list[Finding]:
+        found = findings(summaries, probe) + frozen_findings(analysis)
+        for f in found:
+            if f.claim in fragile:
+                relabel(f, FRAGILE, f"the verdict differs between two numerics paths of the same design ({fragile[f.claim]})")
+        return found
+
+    found, family = simultaneous(judge)
     for f in found:
         f.family = tests_something(f)
     return found, family
+
+
+@dataclass
+class Sweep:
+    """What the judge reads of one sweep folder: its summaries (the softmax runs), probe and frozen analysis."""
+
+    primary: list[Summary]
+    probe: dict | None
+    analysis: dict | None
+
+
+def judged_on_two_paths(mine: Sweep, other: Sweep, other_name: str) -> tuple[tuple[list[Finding], Family], dict]:
+    """Judge the same design run twice on two numerics paths (another CPU's kernels, another thread count): a claim
+    whose verdict differs between the two is labelled numerically fragile in both and leaves both families, and both
+    are judged again (a smaller family changes every interval's level), until no other verdict differs. Returns this
+    sweep's judgement and the check as report.json data: each claim's verdict on the other path."""
+    fragile: dict[str, str] = {}
+    for _ in range(len(findings(mine.primary, mine.probe)) + len(frozen_findings(mine.analysis)) + 1):
+        here = judged(mine.primary, mine.probe, mine.analysis, fragile)
+        there = judged(other.primary, other.probe, other.analysis, fragile)
+        theirs = {f.claim: f for f in there[0]}
+        differ = {f.claim: f"{other_name}: {theirs[f.claim].verdict}, {theirs[f.claim].value.split(';')[0]}"
+                  for f in here[0] if f.claim in theirs and theirs[f.claim].verdict != f.verdict}  # fmt: skip
+        if not differ:
+            break
+        fragile.update({claim: f"here: {f.verdict}; {differ[claim]}" for f in here[0] for claim in [f.claim]
+                        if claim in differ})  # fmt: skip
+    rows = {f.claim: theirs[f.claim].verdict if f.claim in theirs else None for f in here[0]}
+    return here, {
+        "against": other_name,
+        "fragile": sorted(fragile),
+        "same_verdict": sorted(c for c, v in rows.items() if v is not None and c not in fragile),
+        "unmatched": sorted(c for c, v in rows.items() if v is None),
+    }
+
+
+def read_sweep(sweep_dir: Path) -> tuple[dict, list, list[Summary], list[Summary], list[Summary], Sweep]:
+    """(plan, runs, all result runs deduplicated, the unfinished or failed ones, the softmax runs, what the judge
+    reads) of one sweep folder."""
+    plan, runs = load_sweep(sweep_dir)
+    results, not_counted = split_results(share_baselines([summarize(r) for r in runs]))
+    all_runs = dedupe(results)  # only results: a failed top-1 run must not stand for the finished ones
+    # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
+    primary = [s for s in all_runs if s.normalizer == "softmax"] or all_runs
+    return plan, runs, all_runs, not_counted, primary, Sweep(primary, load_probe(sweep_dir), load_analysis(sweep_dir))
 
 
 def report_text(
@@ -220,25 +287,30 @@ def _findings_table(found: list[Finding], family: Family) -> str:
         return md.findings_table(found)
 
 
-def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def build_report(
+    sweep_dir: str | Path, out_dir: str | Path | None = None, numerics_check: str | Path | None = None
+) -> Path:  # fmt: skip
+    """Write report.md, report.json and the figures of a sweep into ``out_dir`` (default: <sweep>/report). With
+    ``numerics_check``, a second sweep folder of the same design run on another numerics path: every verdict is
+    compared with it (`judged_on_two_paths`)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
+    plan, runs, all_runs, not_counted, primary, mine = read_sweep(sweep_dir)
+    check = None
+    if numerics_check is not None:
+        other = read_sweep(Path(numerics_check))[-1]
+        judgement, check = judged_on_two_paths(mine, other, str(numerics_check))
+    else:
+        judgement = judged(primary, mine.probe, mine.analysis)
     out.mkdir(parents=True, exist_ok=True)
-    plan, runs = load_sweep(sweep_dir)
-    results, not_counted = split_results(share_baselines([summarize(r) for r in runs]))
-    all_runs = dedupe(results)  # only results: a failed top-1 run must not stand for the finished ones
-    # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
-    primary = [s for s in all_runs if s.normalizer == "softmax"] or all_runs
     made = figures(primary, out) if primary else {}
     if len({s.normalizer for s in all_runs}) > 1:
         made["normalizers.png"] = normalizers(all_runs, out)
     counted = {s.name for s in all_runs} | {name for s in all_runs for name in s.same_as}
     logged = {t for r in runs if r.name in counted for t in r.scalars}
     missing = [t for t in WANTED_TAGS if t not in logged]
-    title, probe = plan.get("sweep", sweep_dir.name), load_probe(sweep_dir)
+    title, probe, analysis = plan.get("sweep", sweep_dir.name), mine.probe, mine.analysis
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
-    analysis = load_analysis(sweep_dir)
-    judgement = judged(primary, probe, analysis)
     frozen_effect = critical_effect.section(analysis, critical_effect.draw(analysis, out))
     lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
     found, family = judgement
@@ -247,6 +319,8 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["excess_slopes"] = excess_json(primary)
+    if check is not None:
+        data["numerics_check"] = check
     found_controls = planted_controls.controls()  # planted settings with known verdicts (study.report.controls)
     data["controls"] = planted_controls.controls_json(found_controls)
     if analysis and analysis.get("alg3_effect_size"):

@@ -15,6 +15,10 @@ def is_sweep_folder(folder: Path) -> bool:
     return (folder / "plan.json").is_file() or any((d / "status.json").is_file() for d in folder.iterdir() if d.is_dir())
 
 
+def is_sweep_folder_path(folder: Path) -> bool:
+    return folder.is_dir() and is_sweep_folder(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     import study.report
 
@@ -23,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("sweep_dir", help="a sweep folder, e.g. logs/default")
     p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
+    p.add_argument("--numerics-check", default=None, metavar="OTHER_SWEEP_DIR",
+                   help="the same sweep run on another numerics path (e.g. MKL_CBWR=COMPATIBLE, another thread count): "
+                        "a claim whose verdict differs between the two is labelled numerically fragile")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
@@ -34,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    path = build_report(args.sweep_dir, out_dir=args.out)
+    if args.numerics_check is not None and not is_sweep_folder_path(Path(args.numerics_check)):
+        print(f"study report: --numerics-check {args.numerics_check} is not a sweep folder; nothing written",
+              file=sys.stderr)
+        return 2
+    path = build_report(args.sweep_dir, out_dir=args.out, numerics_check=args.numerics_check)
     print(f"report: {path}")
     return 0

@@ -54,6 +54,7 @@ from functools import lru_cache
 from study import tags
 from study.report import sources
 from study.report.findings import (
+    GAP_TEST_STEPS,
     Finding,
     band_finding,
     depth_findings_by_group,
@@ -99,6 +100,7 @@ SEEDS = 6  # planted seeds of the drift, gap and depth controls (the replicate u
 DEPTH_LAYERS = 6  # layers of the depth control's planted runs: layer l crosses 6 - l low-T layers
 BRACKET_LRS = (0.01, 1.0)  # the learning-rate grid of the bracket controls (the main job's SGD arm's)
 BRACKET_TEMPERATURES = (0.01, 1.0)  # the lowest T and the reference, as in the main job's SGD arm
+BRACKET_SEEDS = 2  # runs per cell: the rule is judged from 2 on (one run per cell is only observed)
 
 
 @dataclass
@@ -352,14 +354,16 @@ def drift_runs(drift: float) -> list[Summary]:
 
 def gap_runs(left: float) -> list[Summary]:
     """SEEDS seeds, each a T = 0.1 and a T = 1 run with validation loss at step 0 and at the end; the low-T run
-    keeps `left` (plus the seed's jitter) of its step-0 gap of 2 nats after training."""
+    keeps `left` (plus the seed's jitter) of its step-0 gap of 2 nats after training, as runs long enough for the
+    gap row to be a test (`GAP_TEST_STEPS`)."""
     runs = []
     for seed in range(SEEDS):
         gap = 2.0
         end_gap = gap * (left + _jitter(seed))
         for t, start, end in ((0.1, 4.0 + gap, 3.5 + end_gap), (1.0, 4.0, 3.5)):
             series = {tags.VAL_LOSS: [(0, start), (STEPS, end)]}
-            runs.append(_planted_run(f"control-gap-T{t:g}-s{seed}", t, seed, series))
+            runs.append(_planted_run(f"control-gap-T{t:g}-s{seed}", t, seed, series,
+                                     status={"state": "finished", "global_step": GAP_TEST_STEPS}))
     return runs
 
 
@@ -383,19 +387,21 @@ def depth_runs(per_layer: float) -> list[Summary]:
 
 
 def bracket_runs(diverges: Callable[[float, float], bool]) -> list[Summary]:
-    """One plain-SGD run per (T, learning rate) cell of BRACKET_TEMPERATURES x BRACKET_LRS, as the main job's SGD
-    arm: a run for which `diverges(T, lr)` stops at step 1 as the NonFiniteGuard records a non-finite loss, the
-    others log a calm falling loss for STEPS steps."""
+    """BRACKET_SEEDS plain-SGD runs per (T, learning rate) cell of BRACKET_TEMPERATURES x BRACKET_LRS (with one run
+    per cell, as the main job's SGD arm, the bracket is only observed): a run for which `diverges(T, lr)` stops at
+    step 1 as the NonFiniteGuard records a non-finite loss, the others log a calm falling loss for STEPS steps."""
     runs = []
     for t in BRACKET_TEMPERATURES:
         for lr in BRACKET_LRS:
-            name = f"control-bracket-T{t:g}-lr{lr:g}"
-            params = {"optimizer": "sgd", "learning_rate": lr}
-            if diverges(t, lr):
-                status = {"state": "diverged", "global_step": 1, "reason": "non-finite loss at step 1"}
-                runs.append(_planted_run(name, t, 1, {tags.TRAIN_LOSS: [(0, 4.0)]}, params=params, status=status))
-            else:
-                runs.append(_planted_run(name, t, 1, {tags.TRAIN_LOSS: _loss_curve(False)}, params=params))
+            for seed in range(BRACKET_SEEDS):
+                name = f"control-bracket-T{t:g}-lr{lr:g}-s{seed}"
+                params = {"optimizer": "sgd", "learning_rate": lr}
+                if diverges(t, lr):
+                    status = {"state": "diverged", "global_step": 1, "reason": "non-finite loss at step 1"}
+                    runs.append(_planted_run(name, t, seed, {tags.TRAIN_LOSS: [(0, 4.0)]}, params=params,
+                                             status=status))
+                else:
+                    runs.append(_planted_run(name, t, seed, {tags.TRAIN_LOSS: _loss_curve(False)}, params=params))
     return runs
 
 

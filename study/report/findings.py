@@ -27,10 +27,17 @@ from study.report import sources
 from study.report import summary as S
 from study.report.probe import FP64_TOLERANCE
 from study.report.stats import (
+    DEPTH_DIAGNOSTIC,
     DESCRIPTIVE,
+    DIAGNOSTIC,
     INCONCLUSIVE,
+    MIN_LEVELS,
     NOT_SUPPORTED,
+    OBSERVED,
+    OBSERVED_ONE_RUN,
+    OUTSIDE_REGIME,
     SUPPORTED,
+    TOO_FEW,
     UNDERPOWERED,
     UNRELIABLE,
     BandRule,
@@ -54,6 +61,7 @@ SLOPE_RULE = Rule(null=0.0, claimed=-0.5, direction=-1)  # "grows like 1/T": slo
 ONE_OVER_T = BandRule(claimed=-1.0, width=0.25)  # training's "grows like 1/T": a slope within -1 +- 0.25
 DEPTH_RULE = Rule(null=0.0, claimed=-0.05, direction=-1)  # change of the T-slope per extra low-T layer crossed
 GAP_RULE = Rule(null=0.0, claimed=0.5, direction=1)  # fraction of the step-0 loss gap that training leaves
+GAP_TEST_STEPS = 100  # fewer fine-tuning steps than this leave a step-0 gap by design: the gap row is observed only
 DRIFT_RULE = Rule(null=0.0, claimed=0.05, direction=1)  # change of H(top-k)/log k over training
 UNSTABLE_RULE = Rule(null=0.0, claimed=0.25, direction=1)  # unstable-run fraction, low T minus reference T
 
@@ -115,12 +123,12 @@ def _judge(
     claim: str, null: str, statistic: str, rule: Rule, compute: Callable[[], Interval], show=str, paper_value: str = "",
     experiment: str = "",
 ) -> Finding:  # fmt: skip
-    """Run one interval computation; too few replicates (or nothing logged) makes the finding inconclusive."""
+    """Run one interval computation; too few replicates (or nothing logged) labels the finding `TOO_FEW`."""
     try:
         interval = compute()
     except TooFew as err:
         why = f"too few: {err}"
-        return Finding(claim, null, statistic, why, INCONCLUSIVE, rule.describe(), paper_value, experiment)
+        return Finding(claim, null, statistic, why, TOO_FEW, rule.describe(), paper_value, experiment)
     verdict, note = decide(rule, interval)
     value = show(interval) + (f"; {UNDERPOWERED}: {note}" if note else "")
     return Finding(claim, null, statistic, value, verdict, rule.describe(), paper_value, experiment, interval)
@@ -131,12 +139,45 @@ def _training(finding: Finding, paper_value: str) -> Finding:
     return finding
 
 
-def _saturation_note(runs: list[Summary]) -> str:
-    sat = per_t(runs, lambda s: s.values.get(S.SATURATED))
+def _saturation_note(runs: list[Summary], key: str = S.SATURATED, when: str = "at the end") -> str:
+    """The fraction of saturated rows (max weight > 0.99) at each T the row fits: where rows saturate, the softmax
+    Jacobian goes to 0 and no 1/T law can hold, so every 1/T row shows it."""
+    sat = per_t(runs, lambda s: s.values.get(key))
     if not sat:
-        return ""
-    t = min(sat)
-    return f"; saturated rows at T={t:g}: {fmt(sum(sat[t]) / len(sat[t]), 3)}"
+        return f"; saturated rows {when}: not logged"
+    return f"; saturated rows {when} by T: " + ", ".join(f"{t:g}: {fmt(sum(v) / len(v), 2)}" for t, v in sat.items())
+
+
+def relabel(finding: Finding, label: str, why: str) -> Finding:
+    """The row kept with its value, outside the family, under ``label``: what its rule alone would have read stays in
+    the value, and the rule column says why it is not a test. A row with no value stays `TOO_FEW`."""
+    if finding.verdict == TOO_FEW:
+        return finding
+    if finding.verdict != label:
+        finding.value += f"; its rule alone would read: {finding.verdict}"
+    finding.verdict, finding.rule = label, f"{label}: {why} (outside the family; its rule: {finding.rule})"
+    return finding
+
+
+# The paper's regime for "grows like 1/T": the temperatures at and below this (it reports 1/T for T < 0.1).
+PAPER_REGIME = 0.1
+STEP0_GRADIENT = "float64 gradient at step 0 (each seed's first batch; Fp64GradientCheck)"
+
+
+def gradient_source(runs: list[Summary]) -> tuple[list[Summary], Callable[[Summary], dict[str, dict[int, float]]], str]:
+    """(runs, their per-layer gradient norms, a note) for the gradient slopes: the float64 step-0 norms where every
+    run has them (the same on every machine's kernels: no level is left out), else the float32 medians over the
+    logged training steps at the levels the fp64 check does not contradict (`fp64_valid_runs`: logs written before
+    the check logged its norms)."""
+    if runs and all(s.step0_grads for s in runs):
+        return runs, lambda s: s.step0_grads, ""
+    kept, note = fp64_valid_runs(runs)
+    return kept, lambda s: s.layer_grads, note
+
+
+def step0(runs: list[Summary]) -> bool:
+    """Whether the gradient slopes of these runs are fitted on the float64 step-0 norms (`gradient_source`)."""
+    return bool(runs) and all(s.step0_grads for s in runs)
 
 
 # ---- claim 5: gradient sensitivity ------------------------------------------------------------------------------
@@ -382,6 +423,10 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
         step0, final = (math.exp(sum(map(math.log, v)) / len(v)) for v in ratios.values())
         finding.value += f"; val/ppl ratio T={fmt(t_low)} / T={fmt(t_ref)}: {fmt(step0)} at step 0, {fmt(final)} after"
     finding.paper_value, finding.experiment = "not measured (claim 6: low T makes training harder)", "training"
+    steps = [s.steps for s in low + ref if s.steps is not None]
+    if steps and max(steps) < GAP_TEST_STEPS:
+        relabel(finding, OBSERVED, f"{max(steps)} steps cannot be expected to close a step-0 gap (the row is a test "
+                f"from {GAP_TEST_STEPS} steps on: configs/sweeps/smollm2-long.yaml)")
     return finding
 
 
@@ -429,8 +474,7 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
                  f"{fmt(largest_stable_lr(ref))}; lr unstable only at T={fmt(t_low)}: "
                  f"{', '.join(fmt(lr) for lr in only_low) or 'none'}; only at T={fmt(t_ref)}: "
                  f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} (runs per cell: {'/'.join(map(str, seeds))})")  # fmt: skip
-        out.append(
-            Finding(
+        finding = Finding(
                 f"6. low temperature lowers the largest stable learning rate ({optimizer})",
                 "the same learning rates are stable at both T",
                 f"stability (no divergence, spike or skipped step) per learning rate, T={fmt(t_low)} vs T={fmt(t_ref)}",
@@ -442,13 +486,17 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
                 paper_value="low T makes training unstable",
                 experiment="training",
             )
-        )
+        if seeds == [1]:
+            relabel(finding, OBSERVED_ONE_RUN, "one run per (T, learning rate) cell: no replicate, and a run's fate is "
+                    "deterministic given its gradients; seeds per cell would make it a test")
+        out.append(finding)
     return out
 
 
 # ---- claim 5 per layer: where a whole-network slope comes from ---------------------------------------------------
-def layer_levels(runs: list[Summary], group: str, layer: int) -> dict[float, list[float]]:
-    return per_t(runs, lambda s: s.layer_grads.get(group, {}).get(layer))
+def layer_levels(runs: list[Summary], group: str, layer: int,
+                 grads: Callable[[Summary], dict[str, dict[int, float]]] = lambda s: s.layer_grads) -> dict[float, list[float]]:
+    return per_t(runs, lambda s: grads(s).get(group, {}).get(layer))
 
 
 def _geometric_slope(levels: dict[float, list[float]]) -> float | None:
@@ -459,21 +507,22 @@ def _geometric_slope(levels: dict[float, list[float]]) -> float | None:
 def layer_slopes(summaries: list[Summary]) -> dict[str, dict[int, float]]:
     """{group: {layer: log-log slope against T of the per-T geometric mean of the layer's gradient norm}} (main
     arm, k = all): the point estimates of the per-layer table and figure."""
-    runs, _ = fp64_valid_runs(k_all(main_arm(summaries)))
+    runs, grads, _ = gradient_source(k_all(main_arm(summaries)))
     out: dict[str, dict[int, float]] = {}
     for group in S.LAYER_GROUPS:
-        for layer in sorted({layer for s in runs for layer in s.layer_grads.get(group, {})}):
-            slope = _geometric_slope(layer_levels(runs, group, layer))
+        for layer in sorted({layer for s in runs for layer in grads(s).get(group, {})}):
+            slope = _geometric_slope(layer_levels(runs, group, layer, grads))
             if slope is not None:
                 out.setdefault(group, {})[layer] = slope
     return out
 
 
-def depth_trends(runs: list[Summary], group: str) -> list[float]:
+def depth_trends(runs: list[Summary], group: str,
+                 grads: Callable[[Summary], dict[str, dict[int, float]]] = lambda s: s.layer_grads) -> list[float]:
     """Per seed: the least-squares change of a layer's T-slope per extra low-T layer its gradient crosses (layer l
     of n crosses n - l: its own attention and every layer above it). Seeds share data order across T, so each
     seed's runs give one slope per layer. A model with fewer than 3 layers has no trend to fit (`TooFew`)."""
-    layers = sorted({layer for s in runs for layer in s.layer_grads.get(group, {})})
+    layers = sorted({layer for s in runs for layer in grads(s).get(group, {})})
     if len(layers) < 3:
         raise TooFew(f"{len(layers)} layers logged: a trend over depth needs 3 (a deeper model would decide it)")
     n_layers = layers[-1] + 1
@@ -482,7 +531,7 @@ def depth_trends(runs: list[Summary], group: str) -> list[float]:
         mine = [s for s in runs if s.seed == seed]
         points = []
         for layer in layers:
-            pairs = [(s.temperature, s.layer_grads.get(group, {}).get(layer)) for s in mine]
+            pairs = [(s.temperature, grads(s).get(group, {}).get(layer)) for s in mine]
             slope = loglog_slope([t for t, _ in pairs], [v for _, v in pairs])
             if slope is not None:
                 points.append((n_layers - layer, slope))
@@ -501,21 +550,22 @@ def excess_slopes(summaries: list[Summary]) -> dict[str, dict[int, Interval | st
     |grad control|: the part of the layer's T-dependence that goes through the attention logits (W_v and W_o see
     the same low-T layers above them, but not d alpha / d logits). Mean over seeds with a t-interval at the level in
     force; 0 means nothing specific to the logits, a negative value a steeper W_q/W_k gradient. Levels the whole
-    network's or any layer's fp64 check contradicts are left out (`fp64_valid_runs`)."""
-    runs, _ = fp64_valid_runs(k_all(main_arm(summaries)))
+    network's or any layer's fp64 check contradicts are left out where the fit is not on the float64 step-0 norms
+    (`gradient_source`)."""
+    runs, grads, _ = gradient_source(k_all(main_arm(summaries)))
     seeds = sorted({s.seed for s in runs if s.seed is not None})
-    layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
+    layers = sorted({layer for s in runs for layer in grads(s).get("W_q,W_k", {})})
     out: dict[str, dict[int, Interval | str]] = {}
     for control in EXCESS_CONTROLS:
-        if not any(s.layer_grads.get(control) for s in runs):
+        if not any(grads(s).get(control) for s in runs):
             continue
         for layer in layers:
             per_seed = []
             for seed in seeds:
                 mine = [s for s in runs if s.seed == seed]
                 temps = [s.temperature for s in mine]
-                qk = loglog_slope(temps, [s.layer_grads.get("W_q,W_k", {}).get(layer) for s in mine])
-                other = loglog_slope(temps, [s.layer_grads.get(control, {}).get(layer) for s in mine])
+                qk = loglog_slope(temps, [grads(s).get("W_q,W_k", {}).get(layer) for s in mine])
+                other = loglog_slope(temps, [grads(s).get(control, {}).get(layer) for s in mine])
                 if qk is not None and other is not None:
                     per_seed.append(qk - other)
             try:
@@ -531,18 +581,19 @@ def depth_findings(summaries: list[Summary]) -> list[Finding]:
 
 
 def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
-    runs, note = fp64_valid_runs(k_all(main_arm(summaries)))
+    runs, grads, note = gradient_source(k_all(main_arm(summaries)))
+    gradient = STEP0_GRADIENT if step0(runs) else "median over the logged steps"
     out = {}
     for group in S.LAYER_GROUPS:
-        if not any(s.layer_grads.get(group) for s in runs):
+        if not any(grads(s).get(group) for s in runs):
             continue
         finding = _judge(
             f"5. (depth) the {group} gradient's T-slope steepens with each low-T layer it crosses",
             "no change with depth (0 per layer)",
             f"change of the log-log slope of |grad {group}| vs T per extra low-T layer crossed (least squares over "
-            "layers, per seed; k = all)",
+            f"layers, per seed; {gradient}; k = all)",
             DEPTH_RULE,
-            lambda group=group: mean_interval(depth_trends(runs, group), what="seeds"),
+            lambda group=group: mean_interval(depth_trends(runs, group, grads), what="seeds"),
         )
         finding.value += note
         finding.paper_value, finding.experiment = "not a claim of the paper (its 1/T is per layer)", "training"
@@ -550,20 +601,57 @@ def depth_findings_by_group(summaries: list[Summary]) -> dict[str, Finding]:
     return out
 
 
+def whole_network_finding(runs: list[Summary]) -> Finding:
+    """The W_q/W_k gradient over every layer against T: with T in every layer it crosses every low-T layer above
+    each W_q, so it is steeper than one layer's law by design; a diagnostic beside the last-layer and depth rows."""
+    claim = "5. (whole network, T in every layer) W_q, W_k gradients grow like 1/T in training"
+    if step0(runs):
+        levels = per_t(runs, lambda s: s.values.get(S.STEP0_QK))
+        finding = band_finding(claim, f"log-log slope of |grad W_q, W_k| over all layers vs T, {STEP0_GRADIENT} "
+                               "(k = all)", levels)
+        finding.value += _saturation_note(runs, S.SATURATED_STEP0, "at step 0")
+    else:
+        finding = slope_finding(claim, "log-log slope of the median |grad W_q, W_k| over all layers vs T (k = all)",
+                                runs, S.GRAD_QK, S.FP64_QK)
+    return relabel(finding, DEPTH_DIAGNOSTIC, "each W_q's gradient crosses every low-T layer above it, so the slope "
+                   "compounds over depth by design; the last-layer row tests one layer's 1/T")
+
+
 def last_layer_finding(summaries: list[Summary]) -> Finding | None:
     """The per-layer claim where training can test it: the last layer's W_q/W_k gradient crosses only its own
-    low-T attention (no low-T layer above it compounds the backward signal)."""
+    low-T attention (no low-T layer above it compounds the backward signal). On the float64 step-0 gradients it is
+    judged in the paper's regime, T <= `PAPER_REGIME`, given `MIN_LEVELS` levels there; with fewer, over every level
+    and labelled `OUTSIDE_REGIME`."""
     runs = k_all(main_arm(summaries))
-    layers = sorted({layer for s in runs for layer in s.layer_grads.get("W_q,W_k", {})})
+    grads = (lambda s: s.step0_grads) if step0(runs) else (lambda s: s.layer_grads)
+    layers = sorted({layer for s in runs for layer in grads(s).get("W_q,W_k", {})})
     if not layers:
         return None
-    levels, note = fp64_checked(layer_levels(runs, "W_q,W_k", layers[-1]), runs, S.FP64_LAST_QK)
+    last = layers[-1]
+    levels, note = layer_levels(runs, "W_q,W_k", last, grads), ""
+    if step0(runs):
+        statistic = f"log-log slope of |grad W_q, W_k| of layer {last} vs T, {STEP0_GRADIENT} (k = all)"
+    else:  # the float32 medians, at the levels where the last layer's fp32 gradient agrees with fp64 at step 0
+        levels, note = fp64_checked(levels, runs, S.FP64_LAST_QK)
+        statistic = f"log-log slope of the median |grad W_q, W_k| of layer {last} vs T (k = all)"
+    regime = {t: v for t, v in levels.items() if t <= PAPER_REGIME}
+    in_regime = len(regime) >= MIN_LEVELS
+    span = regime if in_regime else levels
+    where = f"T = {fmt(min(span))}-{fmt(max(span))}" if span else "no T"
     finding = band_finding(
-        f"5. the last layer's W_q/W_k gradient grows like 1/T in training (layer {layers[-1]}: one low-T layer)",
-        f"log-log slope of the median |grad W_q, W_k| of layer {layers[-1]} vs T (k = all)",
-        levels,
+        f"5. the last layer's W_q/W_k gradient grows like 1/T in training (layer {last}: one low-T layer; {where})",
+        statistic,
+        span,
     )
-    finding.value += note
+    if in_regime and len(levels) > len(regime):
+        whole = _geometric_slope(levels)
+        finding.value += f"; over every T ({fmt(min(levels))}-{fmt(max(levels))}): slope {fmt(whole, 3)}"
+    finding.value += note + _saturation_note([s for s in runs if s.temperature in span],
+                                             S.SATURATED_STEP0 if step0(runs) else S.SATURATED,
+                                             "at step 0" if step0(runs) else "at the end")
+    if not in_regime and finding.verdict != TOO_FEW:
+        relabel(finding, OUTSIDE_REGIME, f"{len(regime)} levels at T <= {fmt(PAPER_REGIME)}, where the paper states "
+                f"1/T; a slope over T up to {fmt(max(levels))} tests another regime")
     return finding
 
 
@@ -583,21 +671,15 @@ def depth_statement(summaries: list[Summary]) -> str:
 def findings(summaries: list[Summary], probe: dict | None = None) -> list[Finding]:
     main = main_arm(summaries)
     runs = k_all(main)
-    jacobian = slope_finding(
+    jacobian = relabel(slope_finding(
         "5. attention sensitivity |d alpha/d l| grows like 1/T in training",
         "log-log slope of the mean spectral norm of sampled rows' Jacobians vs T (k = all; as T -> 0 rows saturate "
         "and it tends to a constant, so the fit is read against the local slopes)",
         runs,
         S.JACOBIAN,
-    )
-    whole = slope_finding(
-        "5. (whole network, T in every layer) W_q, W_k gradients grow like 1/T in training",
-        "log-log slope of the median |grad W_q, W_k| over all layers vs T (k = all)",
-        runs,
-        S.GRAD_QK,
-        S.FP64_QK,
-    )
-    out = [jacobian, whole]
+    ), DIAGNOSTIC, "one power law fitted across saturated rows (whose Jacobian tends to 0) and unsaturated ones (1/T "
+       "by the chain rule): the local slopes and saturated fractions are the reading, not the one slope")
+    out = [jacobian, whole_network_finding(runs)]
     last = last_layer_finding(main)
     if last is not None:
         out.append(last)

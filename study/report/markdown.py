@@ -13,15 +13,33 @@ from study.report import sources
 from study.report import summary as S
 from study.report.findings import (
     Finding,
+    STEP0_GRADIENT,
     SanityCheck,
-    fp64_valid_runs,
+    gradient_source,
     k_all,
     largest_stable_lr,
     layer_slopes,
     main_arm,
     stability_by_lr,
+    step0,
 )
-from study.report.stats import CONFIDENCE, MIN_REPLICATES, TooFew, confidence, fmt, mean_interval, percent
+from study.report.stats import (
+    CONFIDENCE,
+    DEPTH_DIAGNOSTIC,
+    DIAGNOSTIC,
+    FRAGILE,
+    LABELS,
+    MIN_REPLICATES,
+    OBSERVED,
+    OBSERVED_ONE_RUN,
+    OUTSIDE_REGIME,
+    TOO_FEW,
+    TooFew,
+    confidence,
+    fmt,
+    mean_interval,
+    percent,
+)
 from study.report.summary import Summary
 from study.report.table import table
 
@@ -131,9 +149,12 @@ def layer_table(summaries: list[Summary]) -> str:
 
 
 def fp64_sentence(summaries: list[Summary]) -> str:
-    """What the per-layer slopes leave out: the levels where a layer's (or the whole network's) step-0 fp32 gradient
-    is off fp64 (`fp64_valid_runs`), as a sentence after a table ("" when none is)."""
-    note = fp64_valid_runs(k_all(main_arm(summaries)))[1]
+    """What the per-layer slopes rest on (`gradient_source`), as a sentence after a table: the float64 step-0
+    norms, or the float32 medians with the levels left out where a layer's step-0 fp32 gradient is off fp64."""
+    runs = k_all(main_arm(summaries))
+    if step0(runs):
+        return f"\n\nSlopes of the {STEP0_GRADIENT}, at every T."
+    note = gradient_source(runs)[2]
     return f"\n\nLevels left out of these slopes: {note.removeprefix('; left out, ')}." if note else ""
 
 
@@ -228,14 +249,34 @@ def definitions() -> str:
     )
 
 
-VERDICT_ORDER = ("supported", "not supported", "inconclusive", "underpowered", "descriptive")
+VERDICT_ORDER = ("supported", "not supported", "inconclusive", "underpowered", *LABELS, "descriptive")
 VERDICT_WORDS = {
     "supported": "Supported by these runs",
     "not supported": "Not what these runs show",
-    "inconclusive": "Undecided (the interval straddles the rule, or too few runs)",
+    "inconclusive": "Undecided (the interval straddles the rule)",
     "underpowered": "Not decidable with these replicates (the row says how many would decide it)",
+    TOO_FEW: "Too few replicates or levels for an interval",
+    DIAGNOSTIC: "Diagnostic: explains another row, fixed in shape by the design or mathematics",
+    DEPTH_DIAGNOSTIC: "Diagnostic of depth compounding (T in every layer: steeper than one layer's law by design)",
+    OBSERVED: "Observed (another design is the test)",
+    OBSERVED_ONE_RUN: "Observed (one run per cell: no replicate to test it)",
+    OUTSIDE_REGIME: "Outside the paper's regime (too few levels at T <= 0.1)",
+    FRAGILE: "Numerically fragile: the verdict differed between two numerics paths of the same runs",
     "descriptive": "Measured, not tested (the paper states a bound there, not a rate)",
 }
+
+
+def numerics_sentence(data: dict) -> str:
+    """What the verdicts were checked against, from report.json's ``numerics_check`` (`build.judged_on_two_paths`)."""
+    check = data.get("numerics_check")
+    if not check:
+        return ("No second numerics path was compared: these verdicts are one machine's kernels and thread count "
+                "(`study report --numerics-check` compares them).")
+    fragile = check.get("fragile") or []
+    return (f"Every verdict was compared with the same design run on a second numerics path (`{check['against']}`"
+            + (f"; {check['path']}" if check.get("path") else "") + f"): {len(check.get('same_verdict') or [])} "
+            f"claims gave the same verdict on both; {len(fragile)} differed and are labelled numerically fragile, "
+            "outside the family" + (f" ({'; '.join(fragile)})" if fragile else "") + ".")
 
 
 def plain_summary(data: dict) -> str:
@@ -257,6 +298,7 @@ def plain_summary(data: dict) -> str:
         + (f", every interval at {percent(level)} so that all cover together with probability >= "
            f"{percent(family.get('confidence', CONFIDENCE))}." if level else "."),
     ]  # fmt: skip
+    lines += ["", numerics_sentence(data)]
     for verdict in [*VERDICT_ORDER, *sorted(set(by_verdict) - set(VERDICT_ORDER))]:
         if verdict not in by_verdict:
             continue

@@ -65,10 +65,11 @@ def scorecard_markdown(rows: list[dict[str, str]], family: dict[str, Any]) -> st
               + " |" for row, out in zip(rows, outside)]  # fmt: skip
     lines += ["", f"Intervals: {family['describe']}."]
     if any(outside):
-        lines += ["", f"{OUTSIDE} Outside the family: descriptive rows, rows without an interval (the learning-rate "
-                  "bracket, too few replicates), and underpowered rows, whose interval was wider than the rule could "
-                  "use (their value says how many replicates would decide them). They test nothing, so they do not "
-                  "set the family's level."]  # fmt: skip
+        lines += ["", f"{OUTSIDE} Outside the family: descriptive rows, underpowered rows (their interval was wider "
+                  "than the rule could use; their value says how many replicates would decide them), rows without an "
+                  "interval (the learning-rate bracket), and labelled rows, whose label says why they test nothing "
+                  "(too few, diagnostic, observed, outside the paper's regime, numerically fragile, ...). They keep "
+                  "their value but do not set the family's level."]  # fmt: skip
     return "\n".join(lines)
 
 

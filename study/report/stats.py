@@ -6,7 +6,7 @@ out either way:
 
     supported      the interval lies beyond the null, on the claimed side, and does not exclude the claim;
     not supported  the interval excludes the claimed effect (it lies entirely short of it);
-    inconclusive   otherwise, and whenever there are too few replicates for an interval;
+    inconclusive   otherwise (a row with too few replicates for an interval is labelled `TOO_FEW` instead);
     underpowered   inconclusive because the interval is wider than the rule can use (`decide`): the row says how
                    many replicates would decide it, and leaves the multiplicity family (`tests_something`).
 
@@ -59,6 +59,15 @@ DESCRIPTIVE = "descriptive"  # a measurement beside the findings (the paper stat
 # so "supported" (or, for a one-sided rule, excluding the claim) was out of reach whatever the data said.
 UNDERPOWERED = "underpowered"
 UNRELIABLE = "numerically unreliable"  # fp32 and the fp64 reference disagree where the rule reads: no test
+# Labels of rows kept in the table, with their value, outside the family: each names why the row is not a test.
+TOO_FEW = "too few"  # no interval: too few replicates or levels, or nothing logged
+DIAGNOSTIC = "diagnostic"  # a measurement that explains another row; its shape is fixed by the design or mathematics
+DEPTH_DIAGNOSTIC = "diagnostic (depth compounding)"  # steeper than one layer's law by construction: T in every layer
+OBSERVED = "observed"  # what these runs did, where another design is the test
+OBSERVED_ONE_RUN = "observed (one run per cell)"  # a bracket with one run per cell: no replicate to test it
+OUTSIDE_REGIME = "outside the paper's regime"  # fitted where the paper states no such law
+FRAGILE = "numerically fragile"  # the verdict differed between two numerics paths of the same runs
+LABELS = (TOO_FEW, DIAGNOSTIC, DEPTH_DIAGNOSTIC, OBSERVED, OBSERVED_ONE_RUN, OUTSIDE_REGIME, FRAGILE)
 MAX_REPLICATES = 1000  # the search for the replicates a rule needs stops here ("more than 1000")
 
 _LEVEL: ContextVar[float] = ContextVar("study_report_interval_level", default=CONFIDENCE)
@@ -122,7 +131,7 @@ def tests_something(item: object) -> bool:
     if isinstance(item, Interval):
         return True
     verdict = getattr(item, "verdict", None)
-    return verdict not in (DESCRIPTIVE, UNDERPOWERED, UNRELIABLE) and getattr(item, "interval", None) is not None
+    return verdict not in (DESCRIPTIVE, UNDERPOWERED, UNRELIABLE, *LABELS) and getattr(item, "interval", None) is not None
 
 
 def simultaneous(judge: Callable[[], list[Item]], confidence: float = CONFIDENCE) -> tuple[list[Item], Family]:

@@ -27,12 +27,14 @@ GRAD_QK = "grad_qk"  # median over logged steps of sqrt(|g_Wq|^2 + |g_Wk|^2)
 FP64_QK = "fp64_qk"  # step-0 fp32 / fp64 of that norm over every layer (Fp64GradientCheck), None where not run
 FP64_LAST_QK = "fp64_last_qk"  # the same for the last layer
 FP64_LAYERS = "fp64_layers"  # the per-layer (and group) ratio furthest from 1 (None in runs logged before it)
+STEP0_QK = "step0_qk"  # the float64 step-0 sqrt(|g_Wq|^2 + |g_Wk|^2) over every layer (Fp64GradientCheck)
 JACOBIAN = "jacobian"  # final validation (else median training) mean attention Jacobian norm
 JACOBIAN_MAX = "jacobian_max"  # largest sampled Jacobian norm of the run (train and validation)
 ENTRY_RATIO = "entry_ratio_mean"  # final validation mean over sampled rows of the largest Jacobian entry x 4T
 ENTRY_RATIO_MAX = "entry_ratio_max"  # its largest value in the run (train and validation): <= 1 by mathematics
 NEAR_QUARTER = "frac_near_quarter_T"  # final validation rows whose largest entry is >= 0.9 x 1/(4T)
 SATURATED = "frac_saturated"
+SATURATED_STEP0 = "saturated_step0"  # validation rows with max weight > 0.99 at step 0 (BaselineValidation)
 VAL_LOSS_BASELINE = "val_loss_step0"  # val/loss logged at step 0 (BaselineValidation): the frozen model under T
 VAL_SELECTION_STEP0 = "val_selection_step0"  # validation H(top-k)/log k at step 0 (BaselineValidation)
 VAL_SELECTION_END = "val_selection_end"  # validation H(top-k)/log k at the last validation after step 0
@@ -62,6 +64,8 @@ class Summary:
     selection_by_k: dict[int, float] = field(default_factory=dict)  # final validation H(top-k) (nats) per k
     # median over logged steps of each layer's gradient norm per parameter group (LAYER_GROUPS) -> {layer: norm}
     layer_grads: dict[str, dict[int, float]] = field(default_factory=dict)
+    # the float64 step-0 gradient norm of each layer per parameter group (Fp64GradientCheck) -> {layer: norm}
+    step0_grads: dict[str, dict[int, float]] = field(default_factory=dict)
     optimizer: str = "adamw"
     learning_rate: float | None = None
 
@@ -172,13 +176,14 @@ def last_by_group(run: RunData, regex: str) -> dict[int, float]:
 LAYER_GROUPS = tags.LAYER_GROUPS  # the per-layer parameter groups (named in study/tags.py)
 
 
-def layer_gradients(run: RunData) -> dict[str, dict[int, float]]:
-    """{group: {layer: median over logged steps of the group's gradient norm}} from the per-block-and-kind tags;
+def layer_gradients(run: RunData, regex: str = tags.GRAD_BLOCK_KIND_REGEX) -> dict[str, dict[int, float]]:
+    """{group: {layer: median over logged steps of the group's gradient norm}} from the per-block-and-kind tags
+    (``regex``: the training steps' by default, the fp64 check's step-0 ones with `tags.FP64_GRAD_BLOCK_KIND_REGEX`);
     a group's kinds combine as the root of the sum of squares at each step (W_q and W_k: one attention-logit
     norm). Groups a run did not log (frozen MLPs) are absent."""
     by_kind: dict[tuple[int, str], dict[int, float]] = {}
     for tag, series in run.scalars.items():
-        match = re.match(tags.GRAD_BLOCK_KIND_REGEX, tag)
+        match = re.match(regex, tag)
         if match and series:
             by_kind[(int(match.group(1)), match.group(2))] = dict(series)
     out: dict[str, dict[int, float]] = {}
@@ -226,6 +231,7 @@ def _values(run: RunData) -> dict[str, Any]:
         NEAR_QUARTER: _val_or_train(run, sources.NEAR_QUARTER_T),
         VAL_LOSS_BASELINE: _baseline(run.series(tags.VAL_LOSS)),
         SATURATED: _val_or_train(run, sources.FRAC_SATURATED),
+        SATURATED_STEP0: _baseline(run.series(sources.SATURATED_ROWS)),
         VAL_SELECTION_STEP0: _scaled(_at_step0(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
         VAL_SELECTION_END: _scaled(_after_step0(run.series(sources.VAL_SELECTION_ENTROPY)), sources.SELECTION_K),
         SELECTION_FINAL: _selection_final(run),
@@ -261,11 +267,18 @@ def summarize(run: RunData) -> Summary:
         run=run,
         selection_by_k=_selection_by_k(run),
         layer_grads=layer_gradients(run),
+        step0_grads=layer_gradients(run, tags.FP64_GRAD_BLOCK_KIND_REGEX),
         optimizer=str(run.params.get("optimizer") or run.setting("model.optimizer", "adamw")),
         learning_rate=_float(run.params.get("learning_rate") or run.setting("model.learning_rate")),
     )
     summary.values[SELECTION_DRIFT] = held_out_drift(summary.values)
+    summary.values[STEP0_QK] = whole_network(summary.step0_grads.get("W_q,W_k"))
     return summary
+
+
+def whole_network(by_layer: dict[int, float] | None) -> float | None:
+    """The norm over every layer from the per-layer norms (the root of their sum of squares); None without any."""
+    return math.sqrt(sum(v**2 for v in by_layer.values())) if by_layer else None
 
 
 def _float(value: Any) -> float | None:
@@ -286,10 +299,10 @@ def share_baselines(summaries: list[Summary]) -> list[Summary]:
     """Give every fine-tuning run without a step-0 validation the one of a run with the same attention setting (T,
     k, normaliser): the pretrained model before its first update depends on that setting and the validation set
     only, not on the seed or the optimizer, so a sweep validates it once per setting (`BaselineValidation(seed=...)`).
-    The step-0 values shared are the validation loss and H(top-k), from which each run's held-out drift is then
-    measured. A from-scratch run's step-0 model depends on its seed: it neither lends nor borrows."""
+    The step-0 values shared are the validation loss, H(top-k) (from which each run's held-out drift is then
+    measured) and the saturated rows' fraction. A from-scratch run's step-0 model depends on its seed: it neither lends nor borrows."""
     shared = [s for s in summaries if not random_init(s)]
-    for baseline in (VAL_LOSS_BASELINE, VAL_SELECTION_STEP0):
+    for baseline in (VAL_LOSS_BASELINE, VAL_SELECTION_STEP0, SATURATED_STEP0):
         known: dict[tuple, float] = {}
         for s in shared:
             if s.values.get(baseline) is not None:

@@ -105,3 +105,22 @@ def test_the_logged_fp64_norms_are_each_blocks_float64_gradient(tmp_path):
             tag = tags.fp64_grad_norm(f"block_{i}/{kind}")
             assert [s for s, _ in logged[tag]] == [0]
             assert logged[tag][0][1] == pytest.approx(expected, rel=2e-7)
+
+
+def test_the_fp64_norms_do_not_depend_on_the_thread_count_where_fp32_ones_may():
+    """At T = 0.01 the float64 step-0 norms agree between one and two threads far inside the 7 digits an event file
+    keeps: the report's gradient rows, fitted on them, cannot be tipped by the thread count (as fp32's can)."""
+    from study.callbacks.fp64_check import _grad_norms
+
+    lit = module(temperature=0.01)
+    batch = {"input_ids": torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(2))}
+    threads = torch.get_num_threads()
+    try:
+        norms = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            norms.append(_grad_norms(lit.model, batch, torch.float64))
+    finally:
+        torch.set_num_threads(threads)
+    keys = [k for k in norms[0] if k.startswith("block_")]
+    assert keys and all(norms[0][k] == pytest.approx(norms[1][k], rel=1e-10) for k in keys)

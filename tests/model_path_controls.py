@@ -149,6 +149,42 @@ def path_gradients(model: torch.nn.Module, ids: torch.Tensor, path: str) -> dict
     return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+def path_discrepancy(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict]:
+    """(the largest relative difference of any parameter's gradient between the fused path and the dense or the
+    blockwise one, {path: its grouped gradient norms}), all in float64; the model is float32 again afterwards."""
+    from study.metrics.gradients import grouped_grad_norms
+
+    model.double()
+    try:
+        grads, norms = {}, {}
+        for path in ("fused", "dense", "blockwise"):
+            grads[path] = path_gradients(model, ids, path)
+            norms[path] = {k: float(v) for k, v in
+                           grouped_grad_norms(model.named_parameters(), by=("kind", "block_kind")).items()}
+    finally:
+        model.float()
+    assert grads["fused"].keys() == grads["dense"].keys() == grads["blockwise"].keys()
+    worst = 0.0
+    for path in ("dense", "blockwise"):
+        for key, g in grads["fused"].items():
+            worst = max(worst, float((g - grads[path][key]).norm()) / (float(g.norm()) or 1.0))
+    return worst, {**norms, "fused_grads": grads["fused"]}
+
+
+def plant_t_twice_explicit(monkeypatch) -> list[int]:
+    """Plant "T applied twice" in the explicit path (`study.attention.core._normalize` gets scores / T again)."""
+    from study.attention import core
+
+    original, calls = core._normalize, []
+
+    def twice(scores, allowed, spec, normalizer, sinks):
+        calls.append(1)
+        return original(scores / spec.temperature, allowed, spec, normalizer, sinks)
+
+    monkeypatch.setattr(core, "_normalize", twice)
+    return calls
+
+
 # ---- control 3: the learning-rate control for lrcurves ----------------------------------------------------------
 SCRATCH = ROOT / "configs" / "sweeps" / "scratch.yaml"
 STABLE_LRS = (0.001, 0.003)

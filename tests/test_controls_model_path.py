@@ -91,38 +91,36 @@ def _qk_norm(grads: dict[str, torch.Tensor]) -> float:
 @pytest.mark.slow
 def test_fused_and_explicit_paths_agree_in_float64_at_low_t_and_the_fp64_ratios_read_them():
     from study.callbacks.fp64_check import _grad_norms, ratios
-    from study.metrics.gradients import grouped_grad_norms
 
     ids = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(1))
     for name, model in _models().items():
         fp32 = _grad_norms(model, {"input_ids": ids}, torch.float32)  # the fp64 check's own passes (fused path)
         fp64 = _grad_norms(model, {"input_ids": ids}, torch.float64)
         grads32 = C.path_gradients(model, ids, "fused")
-        model.double()
-        grads, norms = {}, {}
-        for path in ("fused", "dense", "blockwise"):
-            grads[path] = C.path_gradients(model, ids, path)
-            norms[path] = {k: float(v) for k, v in
-                           grouped_grad_norms(model.named_parameters(), by=("kind", "block_kind")).items()}
-        model.float()
-        assert grads["fused"].keys() == grads["dense"].keys() == grads["blockwise"].keys()
-        worst = 0.0
-        for path in ("dense", "blockwise"):
-            for key, g in grads["fused"].items():
-                scale = float(g.norm()) or 1.0
-                worst = max(worst, float((g - grads[path][key]).norm()) / scale)
-            # the check's ratio logic reads two fp64 paths as one gradient
-            assert all(abs(r - 1) < 1e-9 for r in ratios(norms[path], norms["fused"]).values()), (name, path)
+        worst, norms = C.path_discrepancy(model, ids)
         assert worst < 1e-9, (name, worst)
+        for path in ("dense", "blockwise"):  # the check's ratio logic reads two fp64 paths as one gradient
+            assert all(abs(r - 1) < 1e-9 for r in ratios(norms[path], norms["fused"]).values()), (name, path)
         assert ratios(fp64, norms["fused"])[tags.FP64_RATIO_QK] == pytest.approx(1, abs=1e-12)
         fp32_vs_64 = ratios(fp32, fp64)
         # fp32 at T = 0.01 differs from fp64 by far more than the two fp64 paths differ from each other
         assert abs(fp32_vs_64[tags.FP64_RATIO_LAYERS_WORST] - 1) > 100 * max(worst, 1e-15), (name, fp32_vs_64)
         if name == "llama":  # the ratio of the check against one computed here from the gradients themselves
             # (the check takes the fp32 norm in fp32: its own rounding, about 1e-8, is far below the 5e-5 it reads)
-            direct = _qk_norm(grads32) / _qk_norm(grads["fused"])
+            direct = _qk_norm(grads32) / _qk_norm(norms["fused_grads"])
             assert abs(direct - 1) > 1e-5
             assert fp32_vs_64[tags.FP64_RATIO_QK] == pytest.approx(direct, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_planted_t_applied_twice_in_the_explicit_path_makes_the_path_control_fail(monkeypatch):
+    ids = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(1))
+    models = _models()
+    calls = C.plant_t_twice_explicit(monkeypatch)
+    for name, model in models.items():
+        worst, _ = C.path_discrepancy(model, ids)
+        assert worst > 0.1, (name, worst)
+    assert calls
 
 
 # ---- 3. the learning-rate control for lrcurves ----------------------------------------------------------------------

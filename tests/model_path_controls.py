@@ -123,6 +123,22 @@ def plant_t_twice(monkeypatch) -> list[int]:
     return calls
 
 
+def force_explicit_path(monkeypatch) -> list[int]:
+    """Make every attention call of this process take the explicit path (as with a tap open that takes no fused
+    output), training steps included. Returns a list that counts the fused kernel's calls (to check there are none)."""
+    from study.attention import core, tap
+
+    original, fused_calls = core._fused, []
+
+    def counted(*args, **kwargs):
+        fused_calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tap, "fused_output_allowed", lambda: False)
+    monkeypatch.setattr(core, "_fused", counted)
+    return fused_calls
+
+
 # ---- control 2: the fused and explicit attention paths in float64 ------------------------------------------------
 class ExplicitPath:
     """A tap that takes no fused output and accepts row blocks: while it is open, `attend` computes the output

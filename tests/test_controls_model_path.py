@@ -31,8 +31,13 @@ def _check_one_over_t(summaries) -> dict:
 
 
 @pytest.mark.slow
-def test_one_layer_qk_gradient_goes_like_one_over_t_through_fit_and_report(tmp_path):
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+def test_one_layer_qk_gradient_goes_like_one_over_t_through_fit_and_report(tmp_path, monkeypatch, path):
+    """Trained through the fused kernel (what stock softmax runs), and again with every call on the explicit path."""
+    fused_calls = C.force_explicit_path(monkeypatch) if path == "explicit" else None
     result = _check_one_over_t(C.one_layer_sweep(tmp_path))
+    if fused_calls is not None:
+        assert not fused_calls, "the explicit-path run reached the fused kernel"
     for key in ("slope_last", "slope_whole"):
         assert abs(result[key] + 1) < C.SLOPE_TOLERANCE, result
     last, family = result["last"], result["family"]

@@ -176,3 +176,6 @@ def test_n_star_on_a_smooth_effect_curve_moves_with_the_heads_pooled():
     n_star_row = next(f for f in found if f.claim.startswith("3. critical N* ~ 0.06 L"))
     assert n_star_row.interval is not None and n_star_row.interval.level == pytest.approx(frozen_family.level)
     assert n_star_row.interval.lo > 0.12  # "not about 0.06" here: a statement about 54 heads and this KS level
+    # and "N* proportional to L" holds for any d/E that is a function of N/L, at any head count: the design's too
+    slope_row = next(f for f in found if f.claim.startswith("3. critical N* grows in proportion to L"))
+    assert slope_row.verdict == SUPPORTED, slope_row.value

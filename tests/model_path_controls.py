@@ -33,13 +33,13 @@ from tests.test_sweep import ROOT, write_spec
 # T. GPT-2's init (std 0.02) on a 32-wide layer gives logits l with a standard deviation of 0.013 and a maximum of
 # 0.07 at step 0: at T = 0.1, std(z) = 0.13 (so std(z)^2 = 0.017 < SLOPE_TOLERANCE) and max |z| = 0.67 (the test
 # reads both from AttentionLogitMonitor and requires max |z| < 1, std(z) < 0.2). Measured: the slope of the per-T
-# geometric means is -1.000 (within 1e-3). The interval over seeds (unpaired: each seed is another
+# geometric means is -0.999 (fused and explicit paths alike). The interval over seeds (unpaired: each seed is another
 # initialisation) is judged by the report's own band rule (-1 +- 0.25) at the report's Bonferroni level.
 # "T applied twice" makes the logits l / T^2: the same argument gives |grad| ~ 1/T^2, a slope of -2.
 
 TEMPERATURES = (0.1, 0.3, 1.0)
 SEEDS = (0, 1, 2)
-SLOPE_TOLERANCE = 0.02  # |point slope + 1|: about std(z)^2 at T = 0.1; measured 1e-3
+SLOPE_TOLERANCE = 0.02  # |point slope + 1|: about std(z)^2 at T = 0.1; measured 9.5e-4
 MAX_SCALED_LOGIT = 1.0  # the regime: every logged |l / T| below this at step 0 (measured 0.67 at T = 0.1)
 MAX_LOGIT_STD = 0.2  # and the spread of l / T over a row's keys below this (measured 0.13)
 

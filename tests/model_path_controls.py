@@ -30,23 +30,23 @@ from tests.test_sweep import ROOT, write_spec
 # with G_0 the gradient of the uniform-attention model, the same at every T. The log-log slope against T is then
 # -1 + O(|z| at the smallest T). The O(|z|) term of the gradient is linear in the logits, which have mean about 0
 # and random signs, so in the norm it enters mostly at second order: |slope + 1| of about std(z)^2 at the smallest
-# T. GPT-2's init (std 0.02) on a 32-wide layer gives logits l with a standard deviation of 0.013 and a maximum of
-# 0.07 at step 0: at T = 0.1, std(z) = 0.13 (so std(z)^2 = 0.017 < SLOPE_TOLERANCE) and max |z| = 0.67 (the test
-# reads both from AttentionLogitMonitor and requires max |z| < 1, std(z) < 0.2). Measured: the slope of the per-T
-# geometric means is -0.999 (fused and explicit paths alike). The interval over seeds (unpaired: each seed is another
-# initialisation) is judged by the report's own band rule (-1 +- 0.25) at the report's Bonferroni level.
-# "T applied twice" makes the logits l / T^2: the same argument gives |grad| ~ 1/T^2, a slope of -2.
+# T. GPT-2's init (std 0.02) on an 8-wide layer of one head gives logits l about 4x smaller than on a 32-wide one
+# (q.k / sqrt(d) scales like std^2 sqrt(d)): small enough that the temperatures are the paper's regime, T <= 0.1,
+# three levels of it, where the report judges the last-layer row; the test reads max |z| and std(z) at the
+# smallest T from AttentionLogitMonitor and requires max |z| < 1, std(z) < 0.2. The interval over seeds (unpaired:
+# each seed is another initialisation) is judged by the report's own band rule (-1 +- 0.25) at its Bonferroni level.
+# "T applied twice" makes the logits l / T^2: at these T the rows leave the linear regime, and the slope with them.
 
-TEMPERATURES = (0.1, 0.3, 1.0)
+TEMPERATURES = (0.03, 0.05, 0.1)
 SEEDS = (0, 1, 2)
-SLOPE_TOLERANCE = 0.02  # |point slope + 1|: about std(z)^2 at T = 0.1; measured 9.5e-4
-MAX_SCALED_LOGIT = 1.0  # the regime: every logged |l / T| below this at step 0 (measured 0.67 at T = 0.1)
-MAX_LOGIT_STD = 0.2  # and the spread of l / T over a row's keys below this (measured 0.13)
+SLOPE_TOLERANCE = 0.02  # |point slope + 1|: about std(z)^2 at the smallest T
+MAX_SCALED_LOGIT = 1.0  # the regime: every logged |l / T| below this at step 0
+MAX_LOGIT_STD = 0.2  # and the spread of l / T over a row's keys below this
 
 ONE_LAYER = {
     "model.n_layer": 1,
-    "model.n_head": 2,
-    "model.n_embd": 32,
+    "model.n_head": 1,
+    "model.n_embd": 8,
     "model.learning_rate": 1.0e-6,  # two steps barely move the weights: the logged gradients are the init's
     "model.warmup_steps": 1,
     "data.block_size": 64,

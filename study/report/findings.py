@@ -110,6 +110,19 @@ def reference_t(summaries: list[Summary]) -> float | None:
     return min(temps, key=lambda t: abs(math.log(t))) if temps else None
 
 
+def per_seed_levels(summaries: list[Summary], value: Callable[[Summary], float | None]) -> dict[float, list[float]]:
+    """{T: values in seed order} over the seeds with a finite value at every T: paired levels, for quantities whose
+    runs of one seed share what varies between seeds (the step-0 gradients: one model, the seed's first batch)."""
+    by_seed: dict[int, dict[float, float]] = {}
+    for s in summaries:
+        v = value(s)
+        if s.seed is not None and v is not None and math.isfinite(v):
+            by_seed.setdefault(s.seed, {})[s.temperature] = v
+    temps = sorted({s.temperature for s in summaries})
+    seeds = [seed for seed, vs in sorted(by_seed.items()) if all(t in vs for t in temps)]
+    return {t: [by_seed[seed][t] for seed in seeds] for t in temps} if seeds else {}
+
+
 def per_t(summaries: list[Summary], value: Callable[[Summary], float | None]) -> dict[float, list[float]]:
     out: dict[float, list[float]] = {}
     for s in summaries:
@@ -189,14 +202,15 @@ def local_slopes(levels: dict[float, list[float]]) -> str:
     return "; local slopes " + ", ".join(parts) if len(parts) > 1 else ""
 
 
-def band_finding(claim: str, statistic: str, levels: dict[float, list[float]], paper_value: str = "1/T") -> Finding:
+def band_finding(claim: str, statistic: str, levels: dict[float, list[float]], paper_value: str = "1/T",
+                 paired: bool = False) -> Finding:  # fmt: skip
     """A training "grows like 1/T" claim under the two-sided band: the log-log slope of the per-T geometric mean
-    against T (bootstrap over seeds), with its side when outside the band and the local slopes between
-    adjacent T."""
+    against T (`slope_interval`: unpaired over runs, or ``paired``, one slope per seed, where each level's list holds
+    the same seeds in the same order), with its side when outside the band and the local slopes between adjacent T."""
     found: list[Interval] = []
 
     def compute() -> Interval:
-        found.append(slope_interval(levels))
+        found.append(slope_interval(levels, what="seeds" if paired else "runs", paired=paired))
         return found[-1]
 
     finding = _judge(claim, "slope 0 (no dependence on T)", statistic, ONE_OVER_T, compute)
@@ -606,9 +620,9 @@ def whole_network_finding(runs: list[Summary]) -> Finding:
     each W_q, so it is steeper than one layer's law by design; a diagnostic beside the last-layer and depth rows."""
     claim = "5. (whole network, T in every layer) W_q, W_k gradients grow like 1/T in training"
     if step0(runs):
-        levels = per_t(runs, lambda s: s.values.get(S.STEP0_QK))
-        finding = band_finding(claim, f"log-log slope of |grad W_q, W_k| over all layers vs T, {STEP0_GRADIENT} "
-                               "(k = all)", levels)
+        levels = per_seed_levels(runs, lambda s: s.values.get(S.STEP0_QK))
+        finding = band_finding(claim, f"log-log slope of |grad W_q, W_k| over all layers vs T, {STEP0_GRADIENT}; "
+                               "one slope per seed (k = all)", levels, paired=True)
         finding.value += _saturation_note(runs, S.SATURATED_STEP0, "at step 0")
     else:
         finding = slope_finding(claim, "log-log slope of the median |grad W_q, W_k| over all layers vs T (k = all)",
@@ -628,11 +642,11 @@ def last_layer_finding(summaries: list[Summary]) -> Finding | None:
     if not layers:
         return None
     last = layers[-1]
-    levels, note = layer_levels(runs, "W_q,W_k", last, grads), ""
-    if step0(runs):
-        statistic = f"log-log slope of |grad W_q, W_k| of layer {last} vs T, {STEP0_GRADIENT} (k = all)"
+    if step0(runs):  # one model and the seed's first batch at every T: one slope per seed
+        levels, note = per_seed_levels(runs, lambda s: grads(s).get("W_q,W_k", {}).get(last)), ""
+        statistic = f"log-log slope of |grad W_q, W_k| of layer {last} vs T, {STEP0_GRADIENT}; one slope per seed (k = all)"
     else:  # the float32 medians, at the levels where the last layer's fp32 gradient agrees with fp64 at step 0
-        levels, note = fp64_checked(levels, runs, S.FP64_LAST_QK)
+        levels, note = fp64_checked(layer_levels(runs, "W_q,W_k", last, grads), runs, S.FP64_LAST_QK)
         statistic = f"log-log slope of the median |grad W_q, W_k| of layer {last} vs T (k = all)"
     regime = {t: v for t, v in levels.items() if t <= PAPER_REGIME}
     in_regime = len(regime) >= MIN_LEVELS
@@ -642,6 +656,7 @@ def last_layer_finding(summaries: list[Summary]) -> Finding | None:
         f"5. the last layer's W_q/W_k gradient grows like 1/T in training (layer {last}: one low-T layer; {where})",
         statistic,
         span,
+        paired=step0(runs),
     )
     if in_regime and len(levels) > len(regime):
         whole = _geometric_slope(levels)

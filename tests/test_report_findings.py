@@ -190,8 +190,8 @@ def test_recovery_finding_reads_training_from_its_step0_baseline():
 
 
 def test_lr_stability_finding_brackets_the_largest_stable_learning_rate():
-    def arm(unstable_at):  # {T: learning rates at which the SGD runs blow up}
-        return [run(t, 0, optimizer="sgd", learning_rate=lr, spikes=int(lr in lrs))
+    def arm(unstable_at):  # {T: learning rates at which the SGD runs blow up (go non-finite)}
+        return [run(t, 0, state="diverged" if lr in lrs else "finished", optimizer="sgd", learning_rate=lr)
                 for t, lrs in unstable_at.items() for lr in (0.001, 0.01, 0.1)]  # fmt: skip
 
     def make(unstable_at):

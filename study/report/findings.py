@@ -48,7 +48,7 @@ from study.report.stats import (
     proportion_difference_interval,
     slope_interval,
 )
-from study.report.summary import Summary
+from study.report.summary import Summary, largest_stable_lr  # noqa: F401 (the one definition, re-exported)
 
 SLOPE_RULE = Rule(null=0.0, claimed=-0.5, direction=-1)  # "grows like 1/T": slope 0 = no effect, -1 = the claim
 ONE_OVER_T = BandRule(claimed=-1.0, width=0.25)  # training's "grows like 1/T": a slope within -1 +- 0.25
@@ -386,11 +386,11 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
 
 
 def _outcome(runs: list[Summary]) -> bool | None:
-    """True: every run stable; False: every run unstable; None: no run, or mixed."""
+    """True: every run stable; False: every run diverged (`study.report.summary.diverged`); None: no run, or mixed."""
     if not runs:
         return None
-    unstable = [s.unstable for s in runs]
-    return False if all(unstable) else True if not any(unstable) else None
+    stable = [s.stable for s in runs]
+    return True if all(stable) else False if not any(stable) else None
 
 
 def stability_by_lr(summaries: list[Summary]) -> dict[str, dict[float, dict[float, list[Summary]]]]:
@@ -400,12 +400,6 @@ def stability_by_lr(summaries: list[Summary]) -> dict[str, dict[float, dict[floa
         if s.learning_rate is not None:
             out.setdefault(s.optimizer, {}).setdefault(s.temperature, {}).setdefault(s.learning_rate, []).append(s)
     return out
-
-
-def largest_stable_lr(by_lr: dict[float, list[Summary]]) -> float | None:
-    """The largest learning rate at which every run was stable (None: none was)."""
-    stable = [lr for lr, runs in by_lr.items() if _outcome(runs) is True]
-    return max(stable) if stable else None
 
 
 def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
@@ -426,18 +420,19 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
                    else INCONCLUSIVE)  # fmt: skip
         seeds = sorted({len(r) for cells in (low, ref) for r in cells.values()})
         value = (f"largest stable lr T={fmt(t_low)}: {fmt(largest_stable_lr(low))}, T={fmt(t_ref)}: "
-                 f"{fmt(largest_stable_lr(ref))}; lr unstable only at T={fmt(t_low)}: "
+                 f"{fmt(largest_stable_lr(ref))}; lr diverged only at T={fmt(t_low)}: "
                  f"{', '.join(fmt(lr) for lr in only_low) or 'none'}; only at T={fmt(t_ref)}: "
                  f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} (runs per cell: {'/'.join(map(str, seeds))})")  # fmt: skip
         out.append(
             Finding(
                 f"6. low temperature lowers the largest stable learning rate ({optimizer})",
                 "the same learning rates are stable at both T",
-                f"stability (no divergence, spike or skipped step) per learning rate, T={fmt(t_low)} vs T={fmt(t_ref)}",
+                f"stability (not diverged: non-finite, or a final val/loss above step 0's) per learning rate, "
+                f"T={fmt(t_low)} vs T={fmt(t_ref)}",
                 value,
                 verdict,
                 f"supported if at some learning rate every T={fmt(t_ref)} run is stable and every T={fmt(t_low)} run "
-                "unstable, and at none the reverse; not supported if only the reverse occurs; inconclusive otherwise "
+                "diverged, and at none the reverse; not supported if only the reverse occurs; inconclusive otherwise "
                 "(a bracket on the learning-rate grid, not an interval: outside the Bonferroni family)",
                 paper_value="low T makes training unstable",
                 experiment="training",

@@ -27,13 +27,16 @@ from study.report import sources
 from study.report import summary as S
 from study.report.probe import FP64_TOLERANCE
 from study.report.stats import (
+    CONFIDENCE,
     DESCRIPTIVE,
     INCONCLUSIVE,
+    NOT_COMPUTABLE,
     NOT_SUPPORTED,
     SUPPORTED,
     UNDERPOWERED,
     UNRELIABLE,
     BandRule,
+    Family,
     Interval,
     Rule,
     TooFew,
@@ -41,6 +44,7 @@ from study.report.stats import (
     confidence,
     decide,
     events_needed,
+    family_level,
     fmt,
     loglog_slope,
     mean_interval,
@@ -340,11 +344,39 @@ def instability_finding(summaries: list[Summary]) -> Finding:
     return finding
 
 
+GAP_NEGLIGIBLE = 0.01  # a step-0 gap below this fraction of the reference T's step-0 val/loss is about 0
+
+
+def step0_gap_about_zero(gaps: list[float], reference_losses: list[float]) -> str:
+    """Why the step-0 loss gap (low T minus the reference T, per seed, nats) is about 0, or "" when it is not.
+
+    The recovery fraction divides by that gap. Runs from one random initialisation start with near-uniform attention
+    whatever T, so their gap is rounding: the fraction is then noise over noise, and its interval can lie anywhere.
+    About 0 is either of: the gap's CONFIDENCE t-interval over seeds contains 0 (the seeds do not agree on its sign),
+    or its mean magnitude is below GAP_NEGLIGIBLE of the reference loss at step 0. The second is a fraction of the
+    loss, far below a gap that a temperature opens in a pretrained model and far above what rounding gives a shared
+    initialisation, so no machine's rounding moves a row across it; it decides with fewer than 3 seeds too.
+    """
+    if not gaps:
+        return ""
+    mean, scale = float(np.mean(gaps)), float(np.mean(reference_losses))
+    if abs(mean) < GAP_NEGLIGIBLE * abs(scale):
+        return f"|gap| {fmt(abs(mean), 3)} nats < {fmt(GAP_NEGLIGIBLE)} x the reference step-0 loss {fmt(scale, 3)}"
+    try:
+        with family_level(Family(1)):
+            iv = mean_interval(gaps, what="seeds")
+    except TooFew:
+        return ""
+    return f"the gap's {percent(iv.level)} interval {iv} contains 0" if iv.lo <= 0 <= iv.hi else ""
+
+
 def recovery_finding(summaries: list[Summary]) -> Finding:
     """Training measured from its step-0 baseline: the fraction of the step-0 validation-loss gap between low T and
     the reference T that is still there after the same fine-tuning, per seed (each low-T run against the reference
     run of its seed). 0: training erased the damage the temperature did to the frozen model; 1: training did
-    nothing to the gap. The ratio of final perplexities alone mostly restates the frozen model's gap."""
+    nothing to the gap. The ratio of final perplexities alone mostly restates the frozen model's gap. NOT_COMPUTABLE
+    (outside the family) when the step-0 gap is about 0 (`step0_gap_about_zero`): from-scratch runs share one
+    initialisation, so there is no gap to close."""
     low, ref, t_low, t_ref = _low_and_ref(summaries)
     ref_by_seed = {s.seed: s for s in ref if not s.diverged}
     ratios: dict[str, list[float]] = {"step 0": [], "final": []}
@@ -363,6 +395,10 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
 
     values = [remaining(s) for s in low]
     diverged = sum(s.diverged for s in low + ref)
+    pairs = [(s.values.get(S.VAL_LOSS_BASELINE), r.values.get(S.VAL_LOSS_BASELINE)) for s in low
+             if (r := ref_by_seed.get(s.seed)) is not None and not s.diverged]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    about_zero = step0_gap_about_zero([a - b for a, b in pairs], [b for _, b in pairs])
 
     def compute() -> Interval:
         if low and all(v is None for v in values):
@@ -378,6 +414,12 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
         GAP_RULE,
         compute,
     )
+    if about_zero:
+        finding.verdict, finding.interval = NOT_COMPUTABLE, None
+        finding.value = f"step-0 gap about 0 ({about_zero}, {len(pairs)} seeds): no gap to close"
+        finding.rule += (f"; {NOT_COMPUTABLE} (outside the family) when the step-0 gap is about 0: its "
+                         f"{percent(CONFIDENCE)} interval over seeds contains 0, or it is below {fmt(GAP_NEGLIGIBLE)} "
+                         "x the reference step-0 loss")
     if ratios["step 0"]:
         step0, final = (math.exp(sum(map(math.log, v)) / len(v)) for v in ratios.values())
         finding.value += f"; val/ppl ratio T={fmt(t_low)} / T={fmt(t_ref)}: {fmt(step0)} at step 0, {fmt(final)} after"

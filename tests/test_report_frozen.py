@@ -14,7 +14,14 @@ import pytest
 from study.report import frozen as Z
 from study.report.build import judged, report_text
 from study.report.findings import DESCRIPTIVE
-from study.report.stats import DESIGN_DEPENDENT, INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, UNDERPOWERED, Interval
+from study.report.stats import (
+    DESIGN_DEPENDENT,
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
+    SUPPORTED,
+    UNDERPOWERED,
+    Interval,
+)
 
 TEMPS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]
 SEP_NS = [1, 2, 4, 8, 16, 32, 64, 128]

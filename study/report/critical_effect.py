@@ -58,7 +58,6 @@ def effect_sizes(results: dict | None) -> list[dict]:
     return out
 
 
-HEAD_COUNTS = (9, 27, 54)
 SHOWN_AT = (0.06, 0.5)  # the N/L at which a row gives d/E: the paper's N*/L, and half the context
 
 
@@ -99,7 +98,8 @@ def design_note(results: dict | None, alpha: float) -> str:
     if rows:
         parts = [f"{r['heads']} heads (N*/L {_star(r['n_star_over_length'].get(str(alpha)))}): {_at(r['points'])}"
                  for r in rows]
-        return (f"{why}, from 9, 27 and 54 heads sampled evenly out of the {rows[0]['heads_total']} pooled "
+        counts = ", ".join(str(r["heads"]) for r in rows[:-1]) + (" and " if len(rows) > 1 else "") + str(rows[-1]["heads"])
+        return (f"{why}, from {counts} heads sampled evenly out of the {rows[0]['heads_total']} pooled "
                 f"(layer-major, every total/count-th), at L = {rows[0]['length']} and N/L = "
                 + " | ".join(fmt(x) for x in SHOWN_AT) + ": " + "; ".join(parts))
     curves = effect_sizes(results)

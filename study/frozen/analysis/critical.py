@@ -130,7 +130,7 @@ def d_over_e(d: torch.Tensor, e: torch.Tensor) -> float | None:
     return float(d[keep].double().mean()) / mean_e if mean_e > 0 else None
 
 
-HEAD_COUNTS = (9, 27, 54)  # the pooled head counts d/E and N* are shown at (issue 46): N* moves with them, d/E not
+HEAD_COUNTS = (9, 27, 54)  # the pooled head counts d/E and N* are shown at: N* moves with them, d/E does not
 
 
 def head_sample(total: int, count: int) -> list[int]:

@@ -200,9 +200,33 @@ def test_recovery_finding_reads_training_from_its_step0_baseline():
     assert f.verdict == OBSERVED and not in_family(f) and "its rule alone would read: supported" in f.value
 
 
+def test_recovery_is_not_computable_when_the_step0_gap_is_about_zero():
+    """From scratch the runs share one initialisation: the step-0 gap is rounding, and the fraction of it left is
+    noise over noise (it read "supported" with a step-0 val/ppl ratio of 1.001). Not computable, outside the family,
+    by either criterion; a real gap is still judged."""
+    from study.report.stats import NOT_COMPUTABLE, OUTSIDE_FAMILY, tests_something
+
+    # the gap is a hair above 0 in every seed, so the old code judged it, but below 1% of the loss at init
+    scratch = [with_loss(0.03, s, 10.4 + 0.001 * (s + 1), 5.4 + 0.02 * (s + 1)) for s in range(6)]
+    scratch += [with_loss(1.0, s, 10.4, 5.4) for s in range(6)]
+    f = F.recovery_finding(scratch)
+    assert f.verdict == NOT_COMPUTABLE and f.interval is None and not tests_something(f)
+    assert "step-0 gap about 0" in f.value and NOT_COMPUTABLE in f.rule and NOT_COMPUTABLE in OUTSIDE_FAMILY
+    assert "val/ppl ratio T=0.03 / T=1" in f.value  # the ratios are kept beside the label
+    # a gap above 1% of the loss whose sign the seeds do not agree on: its interval contains 0
+    signs = [with_loss(0.03, s, 10.4 + g, 10.0) for s, g in enumerate((0.5, -0.4, 0.45))]
+    signs += [with_loss(1.0, s, 10.4, 9.9) for s in range(3)]
+    f = F.recovery_finding(signs)
+    assert f.verdict == NOT_COMPUTABLE and "contains 0" in f.value
+    # a real gap (fine-tuning: the frozen model under low T) is judged as before
+    assert F.step0_gap_about_zero([4.2, 4.1, 4.3], [3.2, 3.2, 3.2]) == ""
+    closed = [with_loss(0.01, s, 7.4, 4.0 + noise(s, 0.05)) for s in SEEDS] + [with_loss(1.0, s, 3.2, 3.0) for s in SEEDS]
+    assert F.recovery_finding(closed).verdict == NOT_SUPPORTED
+
+
 def test_lr_stability_finding_brackets_the_largest_stable_learning_rate():
-    def arm(unstable_at, seeds):  # {T: learning rates at which the SGD runs blow up}
-        return [run(t, s, optimizer="sgd", learning_rate=lr, spikes=int(lr in lrs))
+    def arm(unstable_at, seeds):  # {T: learning rates at which the SGD runs blow up (go non-finite)}
+        return [run(t, s, state="diverged" if lr in lrs else "finished", optimizer="sgd", learning_rate=lr)
                 for t, lrs in unstable_at.items() for lr in (0.001, 0.01, 0.1) for s in seeds]  # fmt: skip
 
     def make(unstable_at, seeds=(0, 1)):

@@ -181,3 +181,35 @@ def test_runs_from_summaries_keep_their_arm_and_their_own_loss_at_init():
     assert is_lr_sweep(sweep)
     fine_tuned = [_summary({**base, "learning_rate": lr}, {}, loaded="gpt2") for lr in (1e-3, 1e-2, 1e-1)]
     assert not is_lr_sweep(fine_tuned)  # a fine-tuning sweep over LRs gets no from-scratch section
+
+
+def test_the_learning_rate_section_and_the_findings_bracket_cannot_disagree_on_stable():
+    """One definition of stable (study.report.summary.diverged) for every table: planted runs where the old two
+    differed. At T = 1 one run at lr 1 spikes yet ends below its loss at init (the findings' bracket called it
+    unstable, the learning-rate section stable); at T = 0.03 every run at lr 1 ends finite but above its loss at
+    init (the section called it diverged, the bracket stable). The old pages gave lr* at T = 1 as 0.1 in one table
+    and 1 in the other."""
+    from study.report import markdown as md
+    from study.report import summary as S
+    from study.report.findings import lr_stability_findings
+    from study.report.lrcurves import lr_section
+
+    def summary(t, lr, seed):
+        above = t == 0.03 and lr == 1.0
+        s = S.Summary(f"T{t}_lr{lr}_s{seed}", t, None, seed=seed, learning_rate=lr, final={"val/loss": 6.0 if above else 4.0},
+                      values={S.VAL_LOSS_BASELINE: L0, S.SPIKES: 2 if (t, lr, seed) == (1.0, 1.0, 0) else 0})
+        return s
+
+    runs = [summary(t, lr, seed) for t in (0.03, 1.0) for lr in (0.01, 0.1, 1.0) for seed in range(3)]
+    section = lr_section(runs)
+    per_seed = {}
+    for c in section.data["curves"]:
+        per_seed.setdefault(c["temperature"], set()).add(c["largest_stable_lr"])
+    assert per_seed == {0.03: {0.1}, 1.0: {1.0}}
+    (bracket,) = lr_stability_findings(runs)
+    assert "largest stable lr T=0.03: 0.1, T=1: 1;" in bracket.value and bracket.verdict == "supported"
+    table = md.stability_table(runs)
+    assert "| 0.03 | 0.01: 0/3, 0.1: 0/3, 1: 3/3 | 0.1 |" in table and "| 1 | 0.01: 0/3, 0.1: 0/3, 1: 0/3 | 1 |" in table
+    # the per-T table's "diverged" column counts the same runs
+    assert S.Summary("x", 1.0, None, final={"val/loss": 6.0}, values={S.VAL_LOSS_BASELINE: L0}).diverged
+    assert not S.Summary("x", 1.0, None, values={S.VAL_LOSS_BASELINE: L0, S.SPIKES: 3}).diverged

@@ -445,10 +445,11 @@ def _all() -> list[Control]:
                 gradient_drop_finding(frozen_gradient_results(FROZEN_NEAR_UNIFORM_SCALE))),
         Control(f"saturated rows, W_q x {SATURATED_SCALE:g}", NOT_SUPPORTED,
                 gradient_drop_finding(frozen_gradient_results(SATURATED_SCALE))),
-        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_finding(critical_results(_small_ratio))),
-        Control("d = E from N = (0.32-0.64) L", NOT_SUPPORTED, n_star_finding(critical_results(_large_ratio))),
-        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_slope_finding(critical_results(_small_ratio))),
-        Control("d = E from N = 20-28 at every L", NOT_SUPPORTED, n_star_slope_finding(critical_results(_fixed))),
+        # the N* rules themselves: the report labels these rows design-dependent (frozen.design_dependent)
+        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_finding(critical_results(_small_ratio), False)),
+        Control("d = E from N = (0.32-0.64) L", NOT_SUPPORTED, n_star_finding(critical_results(_large_ratio), False)),
+        Control("d = E from N = (0.05-0.07) L", SUPPORTED, n_star_slope_finding(critical_results(_small_ratio), False)),
+        Control("d = E from N = 20-28 at every L", NOT_SUPPORTED, n_star_slope_finding(critical_results(_fixed), False)),
         *(Control(name, expected, separability_finding(separability_results(opposed)))
           for (name, opposed), expected in zip(SEPARABILITY_OPPOSED.items(), (SUPPORTED, NOT_SUPPORTED))),
         Control("planted spike in every low-T run", SUPPORTED, instability_finding(planted_runs(True))),

@@ -6,7 +6,11 @@ more power and moves N* up. The effect sizes here do not depend on that count: p
 (the largest gap between the two distributions over heads) and d/E (the mean over heads of d over that of E; 1 when
 d and E agree), each at every N/L with a t-interval over the windows. They describe; they are not findings (no
 rule, outside the Bonferroni family). Read from `study analyze`'s results.json (`alg3_effect_size`,
-`alg3_n_star_by_heads`).
+`alg3_n_star_by_heads`, `alg3_effect_size_by_heads`).
+
+The N* findings are labelled design-dependent for that reason (`design_note` writes what goes beside them): d/E
+against N/L from 9, 27 and 54 of the pooled heads (`study.frozen.analysis.critical.head_sample`), each with N* of
+the same heads, so a reader sees N* move with the count while the effect size stays.
 """
 
 from __future__ import annotations
@@ -54,6 +58,58 @@ def effect_sizes(results: dict | None) -> list[dict]:
     return out
 
 
+SHOWN_AT = (0.06, 0.5)  # the N/L at which a row gives d/E: the paper's N*/L, and half the context
+
+
+def _nearest(points: list[dict], target: float) -> dict:
+    return min(points, key=lambda p: abs(math.log(p["n_over_length"] / target)))
+
+
+def effect_by_heads(results: dict | None) -> list[dict]:
+    """At the longest L, per head count of `alg3_effect_size_by_heads`: d/E at each N/L over windows (an Interval or
+    None) and N*/L per KS alpha of the same heads."""
+    block = (results or {}).get("alg3_effect_size_by_heads")
+    out = []
+    for subset in (block or {}).get("subsets", []):
+        entry = subset["by_length"][-1]
+        points = [{"n": n, "n_over_length": entry["n_over_length"][j],
+                   "d_over_e": _interval([w[j] for w in entry["d_over_e"]], log=True)} for j, n in enumerate(entry["ns"])]
+        out.append({"heads": subset["heads"], "heads_total": block["heads_total"], "length": entry["length"],
+                    "windows": len(entry["d_over_e"]), "points": points, "n_star_over_length": entry["n_star_over_length"]})
+    return out
+
+
+def _at(points: list[dict]) -> str:
+    return " | ".join(f"{fmt(p['n_over_length'], 3)}: {p['d_over_e'] if p['d_over_e'] is not None else 'no interval'}"
+                      for p in (_nearest(points, x) for x in SHOWN_AT))
+
+
+def _star(value: float | None) -> str:
+    return "> L" if value is None else fmt(value, 3)
+
+
+def design_note(results: dict | None, alpha: float) -> str:
+    """What goes beside a design-dependent N* row: why, and d/E against N/L at 9, 27 and 54 pooled heads (with N*/L
+    of the same heads), or, for a results.json written before the per-count block, d/E over every pooled head."""
+    why = ("design-dependent: N* is where a KS test over the pooled heads loses power, so it moves with their count "
+           "(outside the family, value kept); the effect size beside it is d/E, the mean over heads of d over that of "
+           f"E, geometric mean over {WHAT} with its {percent(CONFIDENCE)} t-interval")
+    rows = effect_by_heads(results)
+    if rows:
+        parts = [f"{r['heads']} heads (N*/L {_star(r['n_star_over_length'].get(str(alpha)))}): {_at(r['points'])}"
+                 for r in rows]
+        counts = ", ".join(str(r["heads"]) for r in rows[:-1]) + (" and " if len(rows) > 1 else "") + str(rows[-1]["heads"])
+        return (f"{why}, from {counts} heads sampled evenly out of the {rows[0]['heads_total']} pooled "
+                f"(layer-major, every total/count-th), at L = {rows[0]['length']} and N/L = "
+                + " | ".join(fmt(x) for x in SHOWN_AT) + ": " + "; ".join(parts))
+    curves = effect_sizes(results)
+    if not curves:
+        return why + ": no per-window d/E in this results.json"
+    curve = curves[-1]
+    return (f"{why}; 9, 27 and 54 heads: not in this results.json (written before `alg3_effect_size_by_heads`); "
+            f"all {curve['heads']} pooled heads at L = {curve['length']}, N/L = {_at(curve['points'])}")
+
+
 def _layer_ids(results: dict) -> list[int]:
     chosen = (results.get("choices") or {}).get("layers")
     return list(chosen) if chosen else list(range((results.get("model") or {}).get("layers", 0)))
@@ -78,7 +134,10 @@ def effect_json(results: dict | None) -> dict:
             "curves": [{**{k: v for k, v in curve.items() if k != "points"},
                         "points": [{**p, "ks": _plain(p["ks"]), "d_over_e": _plain(p["d_over_e"])}
                                    for p in curve["points"]]} for curve in effect_sizes(results)],
-            "n_star_by_heads": heads_rows(results)}
+            "n_star_by_heads": heads_rows(results),
+            "effect_by_heads": [{**{k: v for k, v in r.items() if k != "points"},
+                                 "points": [{**p, "d_over_e": _plain(p["d_over_e"])} for p in r["points"]]}
+                                for r in effect_by_heads(results)]}
 
 
 def figure_name(length: int) -> str:
@@ -129,7 +188,7 @@ def section(results: dict | None, figures: list[str]) -> list[str]:
     """The markdown: N* against heads pooled (a table per L) and the effect-size figures, with what they show."""
     rows = heads_rows(results)
     curves = effect_sizes(results)
-    if not rows and not curves:
+    if not rows and not curves and not effect_by_heads(results):
         return []
     lines = ["## Theorem 1: effect size and the KS design (frozen model)", "",
              "N* is where a KS test over heads stops telling d from E, so pooling more heads (more power) moves it; "
@@ -147,6 +206,19 @@ def section(results: dict | None, figures: list[str]) -> list[str]:
                     for r in rows]
             lines += [f"N*/L against the heads pooled (KS alpha = {alpha}; d and E pooled over windows):", "",
                       table(columns, body), ""]
+    by_heads = effect_by_heads(results)
+    if by_heads:
+        targets = (0.03, 0.06, 0.125, 0.25, 0.5)
+        alphas = sorted(by_heads[0]["n_star_over_length"])
+        body = [[str(r["heads"]), *(_star(r["n_star_over_length"][a]) for a in alphas),
+                 *(str(p["d_over_e"]) if (p := _nearest(r["points"], x))["d_over_e"] is not None else "-"
+                   for x in targets)] for r in by_heads]
+        columns = ["heads pooled", *(f"N*/L (alpha {a})" for a in alphas),
+                   *(f"d/E at N/L ~ {fmt(x)}" for x in targets)]
+        lines += [f"d/E against N/L and N*/L of the same heads, {', '.join(str(r['heads']) for r in by_heads)} heads "
+                  f"sampled evenly out of the {by_heads[0]['heads_total']} pooled (L = {by_heads[0]['length']}; d/E: "
+                  f"geometric mean over {by_heads[0]['windows']} {WHAT}, {percent(CONFIDENCE)} t-interval):", "",
+                  table(columns, body), ""]
     for curve, name in zip(curves, figures):
         near = min(curve["points"], key=lambda p: abs(math.log(p["n_over_length"] / 0.06)))
         ks, ratio = near["ks"], near["d_over_e"]

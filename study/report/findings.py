@@ -27,11 +27,13 @@ from study.report import sources
 from study.report import summary as S
 from study.report.probe import FP64_TOLERANCE
 from study.report.stats import (
+    CONFIDENCE,
     DEPTH_DIAGNOSTIC,
     DESCRIPTIVE,
     DIAGNOSTIC,
     INCONCLUSIVE,
     MIN_LEVELS,
+    NOT_COMPUTABLE,
     NOT_SUPPORTED,
     OBSERVED,
     OBSERVED_ONE_RUN,
@@ -41,6 +43,7 @@ from study.report.stats import (
     UNDERPOWERED,
     UNRELIABLE,
     BandRule,
+    Family,
     Interval,
     Rule,
     TooFew,
@@ -48,6 +51,7 @@ from study.report.stats import (
     confidence,
     decide,
     events_needed,
+    family_level,
     fmt,
     loglog_slope,
     mean_interval,
@@ -55,7 +59,7 @@ from study.report.stats import (
     proportion_difference_interval,
     slope_interval,
 )
-from study.report.summary import Summary
+from study.report.summary import Summary, largest_stable_lr  # noqa: F401 (the one definition, re-exported)
 
 SLOPE_RULE = Rule(null=0.0, claimed=-0.5, direction=-1)  # "grows like 1/T": slope 0 = no effect, -1 = the claim
 ONE_OVER_T = BandRule(claimed=-1.0, width=0.25)  # training's "grows like 1/T": a slope within -1 +- 0.25
@@ -395,11 +399,39 @@ def instability_finding(summaries: list[Summary]) -> Finding:
     return finding
 
 
+GAP_NEGLIGIBLE = 0.01  # a step-0 gap below this fraction of the reference T's step-0 val/loss is about 0
+
+
+def step0_gap_about_zero(gaps: list[float], reference_losses: list[float]) -> str:
+    """Why the step-0 loss gap (low T minus the reference T, per seed, nats) is about 0, or "" when it is not.
+
+    The recovery fraction divides by that gap. Runs from one random initialisation start with near-uniform attention
+    whatever T, so their gap is rounding: the fraction is then noise over noise, and its interval can lie anywhere.
+    About 0 is either of: the gap's CONFIDENCE t-interval over seeds contains 0 (the seeds do not agree on its sign),
+    or its mean magnitude is below GAP_NEGLIGIBLE of the reference loss at step 0. The second is a fraction of the
+    loss, far below a gap that a temperature opens in a pretrained model and far above what rounding gives a shared
+    initialisation, so no machine's rounding moves a row across it; it decides with fewer than 3 seeds too.
+    """
+    if not gaps:
+        return ""
+    mean, scale = float(np.mean(gaps)), float(np.mean(reference_losses))
+    if abs(mean) < GAP_NEGLIGIBLE * abs(scale):
+        return f"|gap| {fmt(abs(mean), 3)} nats < {fmt(GAP_NEGLIGIBLE)} x the reference step-0 loss {fmt(scale, 3)}"
+    try:
+        with family_level(Family(1)):
+            iv = mean_interval(gaps, what="seeds")
+    except TooFew:
+        return ""
+    return f"the gap's {percent(iv.level)} interval {iv} contains 0" if iv.lo <= 0 <= iv.hi else ""
+
+
 def recovery_finding(summaries: list[Summary]) -> Finding:
     """Training measured from its step-0 baseline: the fraction of the step-0 validation-loss gap between low T and
     the reference T that is still there after the same fine-tuning, per seed (each low-T run against the reference
     run of its seed). 0: training erased the damage the temperature did to the frozen model; 1: training did
-    nothing to the gap. The ratio of final perplexities alone mostly restates the frozen model's gap."""
+    nothing to the gap. The ratio of final perplexities alone mostly restates the frozen model's gap. NOT_COMPUTABLE
+    (outside the family) when the step-0 gap is about 0 (`step0_gap_about_zero`): from-scratch runs share one
+    initialisation, so there is no gap to close."""
     low, ref, t_low, t_ref = _low_and_ref(summaries)
     ref_by_seed = {s.seed: s for s in ref if not s.diverged}
     ratios: dict[str, list[float]] = {"step 0": [], "final": []}
@@ -418,6 +450,10 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
 
     values = [remaining(s) for s in low]
     diverged = sum(s.diverged for s in low + ref)
+    pairs = [(s.values.get(S.VAL_LOSS_BASELINE), r.values.get(S.VAL_LOSS_BASELINE)) for s in low
+             if (r := ref_by_seed.get(s.seed)) is not None and not s.diverged]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    about_zero = step0_gap_about_zero([a - b for a, b in pairs], [b for _, b in pairs])
 
     def compute() -> Interval:
         if low and all(v is None for v in values):
@@ -433,6 +469,12 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
         GAP_RULE,
         compute,
     )
+    if about_zero:
+        finding.verdict, finding.interval = NOT_COMPUTABLE, None
+        finding.value = f"step-0 gap about 0 ({about_zero}, {len(pairs)} seeds): no gap to close"
+        finding.rule += (f"; {NOT_COMPUTABLE} (outside the family) when the step-0 gap is about 0: its "
+                         f"{percent(CONFIDENCE)} interval over seeds contains 0, or it is below {fmt(GAP_NEGLIGIBLE)} "
+                         "x the reference step-0 loss")
     if ratios["step 0"]:
         step0, final = (math.exp(sum(map(math.log, v)) / len(v)) for v in ratios.values())
         finding.value += f"; val/ppl ratio T={fmt(t_low)} / T={fmt(t_ref)}: {fmt(step0)} at step 0, {fmt(final)} after"
@@ -445,11 +487,11 @@ def recovery_finding(summaries: list[Summary]) -> Finding:
 
 
 def _outcome(runs: list[Summary]) -> bool | None:
-    """True: every run stable; False: every run unstable; None: no run, or mixed."""
+    """True: every run stable; False: every run diverged (`study.report.summary.diverged`); None: no run, or mixed."""
     if not runs:
         return None
-    unstable = [s.unstable for s in runs]
-    return False if all(unstable) else True if not any(unstable) else None
+    stable = [s.stable for s in runs]
+    return True if all(stable) else False if not any(stable) else None
 
 
 def stability_by_lr(summaries: list[Summary]) -> dict[str, dict[float, dict[float, list[Summary]]]]:
@@ -459,12 +501,6 @@ def stability_by_lr(summaries: list[Summary]) -> dict[str, dict[float, dict[floa
         if s.learning_rate is not None:
             out.setdefault(s.optimizer, {}).setdefault(s.temperature, {}).setdefault(s.learning_rate, []).append(s)
     return out
-
-
-def largest_stable_lr(by_lr: dict[float, list[Summary]]) -> float | None:
-    """The largest learning rate at which every run was stable (None: none was)."""
-    stable = [lr for lr, runs in by_lr.items() if _outcome(runs) is True]
-    return max(stable) if stable else None
 
 
 def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
@@ -485,17 +521,18 @@ def lr_stability_findings(summaries: list[Summary]) -> list[Finding]:
                    else INCONCLUSIVE)  # fmt: skip
         seeds = sorted({len(r) for cells in (low, ref) for r in cells.values()})
         value = (f"largest stable lr T={fmt(t_low)}: {fmt(largest_stable_lr(low))}, T={fmt(t_ref)}: "
-                 f"{fmt(largest_stable_lr(ref))}; lr unstable only at T={fmt(t_low)}: "
+                 f"{fmt(largest_stable_lr(ref))}; lr diverged only at T={fmt(t_low)}: "
                  f"{', '.join(fmt(lr) for lr in only_low) or 'none'}; only at T={fmt(t_ref)}: "
                  f"{', '.join(fmt(lr) for lr in only_ref) or 'none'} (runs per cell: {'/'.join(map(str, seeds))})")  # fmt: skip
         finding = Finding(
                 f"6. low temperature lowers the largest stable learning rate ({optimizer})",
                 "the same learning rates are stable at both T",
-                f"stability (no divergence, spike or skipped step) per learning rate, T={fmt(t_low)} vs T={fmt(t_ref)}",
+                f"stability (not diverged: non-finite, or a final val/loss above step 0's) per learning rate, "
+                f"T={fmt(t_low)} vs T={fmt(t_ref)}",
                 value,
                 verdict,
                 f"supported if at some learning rate every T={fmt(t_ref)} run is stable and every T={fmt(t_low)} run "
-                "unstable, and at none the reverse; not supported if only the reverse occurs; inconclusive otherwise "
+                "diverged, and at none the reverse; not supported if only the reverse occurs; inconclusive otherwise "
                 "(a bracket on the learning-rate grid, not an interval: outside the Bonferroni family)",
                 paper_value="low T makes training unstable",
                 experiment="training",

@@ -8,6 +8,9 @@ two-stage summary, so the interval does not treat the heads of one text as indep
 
     N*/L       critical N of Algorithm 3 (KS test of per-head d against E), paper: about 0.06 L
     N* vs L    the log-log slope of N* against L over the lengths analysed, paper: proportional (slope 1)
+               Both design-dependent: N* is where the KS test over the pooled heads loses power, so the head count
+               sets it. Their value and interval are kept, outside the family, beside d/E against N/L at 9, 27 and
+               54 pooled heads (`critical_effect.design_note`).
     N_s/N      geometric separability of Algorithm 4 for N >= 16, paper: 0.70-0.85
     g(T)       Algorithm 5's gradient probe for T < 0.1, paper: like 1/T (a two-sided band on the exponent)
     g drop     g at the low T against g at T = 1, paper: about 100x
@@ -24,9 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from study.report.critical_effect import design_note
 from study.report.findings import DESCRIPTIVE, Finding
 from study.report.read import read_optional_json
 from study.report.stats import (
+    DESIGN_DEPENDENT,
     INCONCLUSIVE,
     NOT_SUPPORTED,
     UNDERPOWERED,
@@ -137,6 +142,16 @@ def _frozen(finding: Finding, paper_value: str) -> Finding:
     return finding
 
 
+def design_dependent(finding: Finding, results: dict) -> Finding:
+    """Label an N* row DESIGN_DEPENDENT (outside the family; its value and interval kept), with d/E against N/L at
+    9, 27 and 54 pooled heads beside it and the rule it would have been judged by."""
+    judged, finding.verdict = finding.verdict, DESIGN_DEPENDENT
+    finding.value += f"; {design_note(results, ALPHA)}"
+    finding.rule = (f"not judged ({DESIGN_DEPENDENT}: the KS test's head count sets N*); its rule, which would read "
+                    f"{judged}: {finding.rule}")
+    return finding
+
+
 # ---- Algorithm 3: the critical N* ------------------------------------------------------------------------------
 def _n_star_logs(block: dict, alpha: float) -> tuple[list[float], int]:
     """log(N*/L) at the longest L per window; a window where no N reached p >= alpha counts as N* = L."""
@@ -156,7 +171,9 @@ def on_a_grid(values: list[float]) -> list[float]:
     return values
 
 
-def n_star_finding(results: dict) -> Finding:
+def n_star_finding(results: dict, design_label: bool = True) -> Finding:
+    """N*/L at the longest L against the paper's 0.06, labelled design-dependent (`design_dependent`); without
+    `design_label`, the row as its rule reads it (the planted controls test that rule)."""
     block = results["alg3_critical_n_by_window"]
     length = block["lengths"][-1]
     logs, never = _n_star_logs(block, ALPHA)
@@ -177,11 +194,13 @@ def n_star_finding(results: dict) -> Finding:
             finding.value += f"; alpha={alpha:g}: {fmt(float(np.exp(np.mean(np.log(values)))), 3)}"
     if never:
         finding.value += f"; {never} window(s) never reached p >= {ALPHA} (counted as N* = L)"
-    return _frozen(finding, "N* ~ 0.06 L")
+    finding = _frozen(finding, "N* ~ 0.06 L")
+    return design_dependent(finding, results) if design_label else finding
 
 
-def n_star_slope_finding(results: dict) -> Finding:
-    """Is N* proportional to L? Per window, the least-squares slope of log N* on log L over the lengths analysed
+def n_star_slope_finding(results: dict, design_label: bool = True) -> Finding:
+    """Is N* proportional to L? Labelled design-dependent like `n_star_finding` (without `design_label`: as the
+    rule reads it). Per window, the least-squares slope of log N* on log L over the lengths analysed
     (lengths where that window's KS test never reached p >= alpha are left out of its fit, and counted); the mean
     slope over windows with a t-interval, judged by a band around 1. The value also gives N*/L at each L
     (geometric mean over the windows that reached it): the constant, if the slope is 1."""
@@ -213,7 +232,8 @@ def n_star_slope_finding(results: dict) -> Finding:
     finding.value += "; N*/L at L = " + ", ".join(ratios)
     if left_out:
         finding.value += f"; {left_out} (window, L) point(s) never reached p >= {ALPHA} (left out of the fits)"
-    return _frozen(finding, "N* proportional to L (0.06 L)")
+    finding = _frozen(finding, "N* proportional to L (0.06 L)")
+    return design_dependent(finding, results) if design_label else finding
 
 
 # ---- Algorithm 4: separability --------------------------------------------------------------------------------

@@ -6,10 +6,11 @@ One place for the definitions the findings use:
 - a *curve* is one (temperature, arm, seed): its runs at every learning rate of the grid;
 - the *loss at init* L0 is the curve's held-out loss at step 0; the *final loss* the last validation's;
 - a run **diverged** when it went non-finite (the guard stopped it) or its final loss is above L0, else it is
-  **stable**;
+  **stable**: `study.report.summary.diverged`, the one definition the whole report uses;
 - **LR sensitivity** (Wortsman et al. 2023) is mean over the grid of min(L(lr), L0) - min over the grid of the same
   capped losses (a diverged run counts as L0);
-- the **largest stable LR** is the largest grid LR whose run is stable (None: below the grid).
+- the **largest stable LR** is the largest grid LR whose run is stable (None: below the grid):
+  `study.report.summary.largest_stable_lr`, which the findings' learning-rate bracket uses too.
 
 The seed is the unit: every statistic is one number per seed, then a mean over seeds with a t-interval. The
 section's six judged statistics are one Bonferroni family at 95%. Inputs are plain `LRRun` records, so tests build
@@ -66,10 +67,8 @@ class LRRun:
 
     @property
     def diverged(self) -> bool:
-        """Non-finite, or a final held-out loss above the loss at init (or none to compare)."""
-        if self.nonfinite or self.final_loss is None or not math.isfinite(self.final_loss):
-            return True
-        return self.init_loss is not None and self.final_loss > self.init_loss
+        """`study.report.summary.diverged`: non-finite, or a final held-out loss above the loss at init."""
+        return S.diverged(self.nonfinite, self.init_loss, self.final_loss)
 
     @property
     def stable(self) -> bool:
@@ -123,8 +122,7 @@ class Curve:
         return lr_sensitivity([None if r.nonfinite else r.final_loss for _, r in sorted(self.runs.items())], l0)
 
     def largest_stable(self) -> float | None:
-        stable = [lr for lr, r in self.runs.items() if r.stable]
-        return max(stable) if stable else None
+        return S.largest_stable_lr({lr: [r] for lr, r in self.runs.items()})
 
 
 @dataclass
@@ -440,8 +438,8 @@ def lr_run(summary: Summary) -> LRRun:
         seed=int(summary.seed or 0),
         learning_rate=float(summary.learning_rate),
         init_loss=_init_loss(summary),
-        final_loss=None if summary.diverged else summary.final.get(tags.VAL_LOSS),
-        nonfinite=summary.diverged,
+        final_loss=None if summary.nonfinite else summary.final.get(tags.VAL_LOSS),
+        nonfinite=summary.nonfinite,
         stop_step=summary.steps,
         train_loss=_series(summary, tags.TRAIN_LOSS),
         max_logit=_series(summary, MAX_LOGIT_TAG),

@@ -17,7 +17,6 @@ from study.report.findings import (
     SanityCheck,
     gradient_source,
     k_all,
-    largest_stable_lr,
     layer_slopes,
     main_arm,
     stability_by_lr,
@@ -32,6 +31,8 @@ from study.report.stats import (
     MIN_REPLICATES,
     OBSERVED,
     OBSERVED_ONE_RUN,
+    DESIGN_DEPENDENT,
+    NOT_COMPUTABLE,
     OUTSIDE_REGIME,
     TOO_FEW,
     TooFew,
@@ -40,7 +41,7 @@ from study.report.stats import (
     mean_interval,
     percent,
 )
-from study.report.summary import Summary
+from study.report.summary import Summary, largest_stable_lr
 from study.report.table import table
 
 
@@ -105,9 +106,9 @@ def per_t_table(summaries: list[Summary]) -> str:
     runs = k_all(main_arm(summaries))
     columns: list[tuple[str, Callable[[Summary], float | None], bool]] = [
         ("step-0 val/loss", lambda s: s.values.get(S.VAL_LOSS_BASELINE), False),
-        ("final val/loss", lambda s: None if s.diverged else s.final.get(tags.VAL_LOSS), False),
+        ("final val/loss", lambda s: None if s.nonfinite else s.final.get(tags.VAL_LOSS), False),
         ("change from step 0", lambda s: _change(s), False),
-        ("final val/ppl (geometric)", lambda s: None if s.diverged else s.final.get(tags.VAL_PPL), True),
+        ("final val/ppl (geometric)", lambda s: None if s.nonfinite else s.final.get(tags.VAL_PPL), True),
         ("\\|grad W_q,W_k\\| (geometric)", lambda s: s.values.get(S.GRAD_QK), True),
         ("Jacobian (geometric)", lambda s: s.values.get(S.JACOBIAN), True),
         ("largest entry x 4T", lambda s: s.values.get(S.ENTRY_RATIO), False),
@@ -130,7 +131,7 @@ def per_t_table(summaries: list[Summary]) -> str:
 
 def _change(s: Summary) -> float | None:
     start, end = s.values.get(S.VAL_LOSS_BASELINE), s.final.get(tags.VAL_LOSS)
-    return None if s.diverged or start is None or end is None else end - start
+    return None if s.nonfinite or start is None or end is None else end - start
 
 
 def layer_table(summaries: list[Summary]) -> str:
@@ -159,14 +160,15 @@ def fp64_sentence(summaries: list[Summary]) -> str:
 
 
 def stability_table(summaries: list[Summary]) -> str:
-    """Unstable runs per optimizer, T and learning rate (softmax, k = all, every arm), and the largest stable rate."""
+    """Diverged runs per optimizer, T and learning rate (softmax, k = all, every arm), and the largest stable rate:
+    both read `study.report.summary.diverged`, as the learning-rate section does."""
     by_opt = stability_by_lr(summaries)
     rows = []
     for optimizer, by_t in sorted(by_opt.items()):
         for t, cells in sorted(by_t.items()):
-            outcome = ", ".join(f"{fmt(lr)}: {sum(s.unstable for s in runs)}/{len(runs)}" for lr, runs in sorted(cells.items()))
+            outcome = ", ".join(f"{fmt(lr)}: {sum(s.diverged for s in runs)}/{len(runs)}" for lr, runs in sorted(cells.items()))
             rows.append([optimizer, f"{t:g}", outcome, fmt(largest_stable_lr(cells))])
-    return table(["optimizer", "T", "learning rate: unstable / runs", "largest stable lr"], rows)
+    return table(["optimizer", "T", "learning rate: diverged / runs", "largest stable lr"], rows)
 
 
 NORMALIZER_COLUMNS = ["normalizer", "runs", "diverged", "median val/ppl", "median H/log n", "median non-zero keys", "median grad norm"]
@@ -187,7 +189,7 @@ def normalizer_rows(summaries: list[Summary]) -> list[list[str]]:
                 name,
                 str(len(group)),
                 str(sum(s.diverged for s in group)),
-                med([s.final.get(tags.VAL_PPL) for s in group if not s.diverged]),
+                med([s.final.get(tags.VAL_PPL) for s in group if not s.nonfinite]),
                 med([s.final.get(sources.NORMALIZED_ENTROPY) for s in group]),
                 med([s.final.get(sources.NONZERO) for s in group]),
                 med([s.values.get(S.GRAD_NORM) for s in group]),
@@ -243,7 +245,8 @@ def definitions() -> str:
         f"A loss spike is a logged `{tags.FIXED_BATCH_LOSS}` (one held-out batch, where logged; else "
         f"`{tags.TRAIN_LOSS}`) above {S.SPIKE_FACTOR} x the median of the {S.SPIKE_WINDOW} logged before it (or "
         "non-finite); "
-        "an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
+        "a run diverged when it went non-finite or its final val/loss is above its step-0 one, else it is stable "
+        "(one definition for every table and finding); an unstable run diverged, spiked or skipped a step. Saturated rows have max weight > 0.99. Runs that are the same "
         "function by construction (softmax top-1 at every T, same seed) are counted once (column `identical runs`). "
         "See docs/findings.md for each finding's null, statistic and rule."
     )
@@ -261,6 +264,8 @@ VERDICT_WORDS = {
     OBSERVED: "Observed (another design is the test)",
     OBSERVED_ONE_RUN: "Observed (one run per cell: no replicate to test it)",
     OUTSIDE_REGIME: "Outside the paper's regime (too few levels at T <= 0.1)",
+    DESIGN_DEPENDENT: "Design-dependent: a number the design sets (e.g. the heads a test pools)",
+    NOT_COMPUTABLE: "Not computable: the statistic divides by a quantity the data cannot tell from 0",
     FRAGILE: "Numerically fragile: the verdict differed between two numerics paths of the same runs",
     "descriptive": "Measured, not tested (the paper states a bound there, not a rate)",
 }

@@ -10,6 +10,11 @@ out either way:
     underpowered   inconclusive because the interval is wider than the rule can use (`decide`): the row says how
                    many replicates would decide it, and leaves the multiplicity family (`tests_something`).
 
+Labels a row can carry instead, outside the family with its value kept (OUTSIDE_FAMILY): descriptive (a measurement
+with no rule), numerically unreliable (fp32 off its fp64 reference), not computable (the statistic divides by a
+quantity the data cannot tell from 0), design-dependent (a number the design sets, such as N* and the KS test's
+head count).
+
 Why these intervals. The findings pool 3-10 replicates. A percentile bootstrap over 3 values is their [min, max]
 and covers about 75%, not 95%: resampling cannot see spread that 3 values do not show. Student's t does: its
 quantile grows as the degrees of freedom fall (4.30 at 2 df), and it is exact for normal replicates at any n.
@@ -67,7 +72,14 @@ OBSERVED = "observed"  # what these runs did, where another design is the test
 OBSERVED_ONE_RUN = "observed (one run per cell)"  # a bracket with one run per cell: no replicate to test it
 OUTSIDE_REGIME = "outside the paper's regime"  # fitted where the paper states no such law
 FRAGILE = "numerically fragile"  # the verdict differed between two numerics paths of the same runs
-LABELS = (TOO_FEW, DIAGNOSTIC, DEPTH_DIAGNOSTIC, OBSERVED, OBSERVED_ONE_RUN, OUTSIDE_REGIME, FRAGILE)
+# The statistic divides by a quantity the data cannot tell from 0 (the from-scratch step-0 loss gap): no value to judge.
+NOT_COMPUTABLE = "not computable"
+# A number the design sets (N*, where a KS test over the pooled heads loses power, moves with the head count): value
+# kept, no test.
+DESIGN_DEPENDENT = "design-dependent"
+LABELS = (TOO_FEW, DIAGNOSTIC, DEPTH_DIAGNOSTIC, OBSERVED, OBSERVED_ONE_RUN, OUTSIDE_REGIME, DESIGN_DEPENDENT,
+          NOT_COMPUTABLE, FRAGILE)
+OUTSIDE_FAMILY = (DESCRIPTIVE, UNDERPOWERED, UNRELIABLE, *LABELS)  # verdicts that test nothing
 MAX_REPLICATES = 1000  # the search for the replicates a rule needs stops here ("more than 1000")
 
 _LEVEL: ContextVar[float] = ContextVar("study_report_interval_level", default=CONFIDENCE)
@@ -127,11 +139,12 @@ def family_level(family: Family) -> Iterator[Family]:
 def tests_something(item: object) -> bool:
     """Whether a judged item belongs to the multiplicity family: an interval, or a finding whose verdict was read off
     an interval. Descriptive rows, rows without an interval (too few replicates; the learning-rate bracket) and
-    underpowered rows (the design could not decide them) stay in the table but test nothing."""
+    underpowered rows (the design could not decide them), like every label in OUTSIDE_FAMILY, stay in the table but
+    test nothing."""
     if isinstance(item, Interval):
         return True
     verdict = getattr(item, "verdict", None)
-    return verdict not in (DESCRIPTIVE, UNDERPOWERED, UNRELIABLE, *LABELS) and getattr(item, "interval", None) is not None
+    return verdict not in OUTSIDE_FAMILY and getattr(item, "interval", None) is not None
 
 
 def simultaneous(judge: Callable[[], list[Item]], confidence: float = CONFIDENCE) -> tuple[list[Item], Family]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +46,35 @@ CLIPPED = "clipped_fraction"
 SPIKES = "spikes"
 
 
+def diverged(nonfinite: bool, init_loss: float | None, final_loss: float | None) -> bool:
+    """The report's one definition of a diverged run (every table, finding and figure reads it from here).
+
+    A run **diverged** when its loss or gradient went non-finite (the guard stopped it), or its final held-out loss
+    is non-finite or above its held-out loss at init (step 0). Every other run is **stable**. A run without both
+    losses is judged by non-finiteness alone: there is nothing to compare. Equal to the loss at init is not above it.
+
+    A loss spike or a skipped step is not a divergence: `Summary.unstable` counts those events beside it for the
+    instability finding, and a run can be stable and have had one.
+    """
+    if nonfinite or (final_loss is not None and not math.isfinite(final_loss)):
+        return True
+    if init_loss is None or final_loss is None or not math.isfinite(init_loss):
+        return False
+    return final_loss > init_loss
+
+
+class _Judged(Protocol):
+    stable: bool
+
+
+def largest_stable_lr(by_lr: Mapping[float, Iterable[_Judged]]) -> float | None:
+    """The largest learning rate at which every run is stable (`diverged`), None when there is none: one curve
+    (one run per learning rate) gives that curve's lr*, a cell of seeds the learning rate every seed survives.
+    Summaries and the learning-rate section's runs both pass through here, so their tables cannot disagree."""
+    stable = [lr for lr, runs in by_lr.items() if (judged := list(runs)) and all(r.stable for r in judged)]
+    return max(stable) if stable else None
+
+
 @dataclass
 class Summary:
     name: str
@@ -70,8 +100,18 @@ class Summary:
     learning_rate: float | None = None
 
     @property
-    def diverged(self) -> bool:
+    def nonfinite(self) -> bool:
+        """The guard stopped the run on a non-finite loss or gradient (its state, as the sweep records it)."""
         return self.state == "diverged"
+
+    @property
+    def diverged(self) -> bool:
+        """`diverged` on this run's non-finite state and its held-out loss at step 0 and at the end."""
+        return diverged(self.nonfinite, self.values.get(VAL_LOSS_BASELINE), self.final.get(tags.VAL_LOSS))
+
+    @property
+    def stable(self) -> bool:
+        return not self.diverged
 
     @property
     def k_label(self) -> str:
@@ -79,6 +119,8 @@ class Summary:
 
     @property
     def unstable(self) -> bool:
+        """An instability event: diverged, a loss spike or a skipped step (the instability finding's count). Not the
+        complement of `stable`, which is "not diverged" alone."""
         return self.diverged or (self.values.get(SPIKES) or 0) > 0 or self.skipped > 0
 
     def series(self, tag: str) -> list[tuple[int, float]] | None:

@@ -14,20 +14,22 @@ from study.report import summary as S
 from study.report.stats import (
     DEPTH_DIAGNOSTIC,
     DIAGNOSTIC,
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
     OBSERVED,
     OBSERVED_ONE_RUN,
     OUTSIDE_REGIME,
-    TOO_FEW,
-    tests_something as in_family,
-    INCONCLUSIVE,
-    NOT_SUPPORTED,
     SUPPORTED,
+    TOO_FEW,
     UNDERPOWERED,
     Interval,
     Rule,
     TooFew,
     mean_interval,
     slope_interval,
+)
+from study.report.stats import (
+    tests_something as in_family,
 )
 from study.report.summary import Summary
 

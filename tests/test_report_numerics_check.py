@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from study.report.build import Sweep, judged, judged_on_two_paths
 from study.report.markdown import numerics_sentence
 from study.report.stats import FRAGILE, SUPPORTED

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from study import tags
-
 from study.report.findings import Finding, SanityCheck
 from study.report.scorecard import SCHEMA, report_json, scorecard_markdown, scorecard_rows
 from study.report.stats import SUPPORTED, Family, Interval

@@ -12,8 +12,8 @@ from study import tags
 from study.report import sources
 from study.report import summary as S
 from study.report.findings import (
-    Finding,
     STEP0_GRADIENT,
+    Finding,
     SanityCheck,
     gradient_source,
     k_all,
@@ -25,14 +25,14 @@ from study.report.findings import (
 from study.report.stats import (
     CONFIDENCE,
     DEPTH_DIAGNOSTIC,
+    DESIGN_DEPENDENT,
     DIAGNOSTIC,
     FRAGILE,
     LABELS,
     MIN_REPLICATES,
+    NOT_COMPUTABLE,
     OBSERVED,
     OBSERVED_ONE_RUN,
-    DESIGN_DEPENDENT,
-    NOT_COMPUTABLE,
     OUTSIDE_REGIME,
     TOO_FEW,
     TooFew,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from study.report.lrcurves import lr_tables
-from study.report.markdown import numerics_sentence
+from study.report.markdown import plain_summary
 from study.report.scorecard import SCHEMA, scorecard_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +52,12 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def render(data: dict[str, Any], source: str = "docs/results/main.json") -> str:
-    """The block between the markers: where the numbers come from, then the scorecard."""
+    """The block between the markers: where the numbers come from, the report's opening in plain words (what the
+    verdicts were checked against, each claim under its verdict), then the scorecard."""
     runs = ", ".join(f"{n} {state}" for state, n in data["runs"].items())
     model = f", model {data['model']}" if data.get("model") else ""
-    lines = [f"Sweep `{data['title']}` ({runs}{model}), from `{source}`. {numerics_sentence(data)}", ""]
+    lines = [f"Sweep `{data['title']}` ({runs}{model}), from `{source}`. In plain words (the opening of its "
+             "report.md):", "", plain_summary(data), ""]
     if data.get("lr_curves"):  # a learning-rate sweep: its own findings lead (the scorecard's rows are about T alone)
         lines += ["#### Learning-rate curves (from scratch)", "", *lr_tables(data["lr_curves"]),
                   "#### The paper's claims on the same runs", ""]  # fmt: skip

@@ -35,6 +35,7 @@ from study.sweep.run import (
     recorded_settings,
     run_one,
 )
+from study.sweep.source import SourceChanged, SourceWatch
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
 
@@ -225,6 +226,17 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(plan.sweep_dir / "plan.json")
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
 
+    try:
+        return _sweep(plan, args, passthrough)
+    except SourceChanged as changed:
+        print(f"study sweep {plan.name}: stopped: {changed}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
+    """The pretraining, the runs and the frozen-model steps of a checked plan, then the report; the exit code.
+    The source hash is taken here and watched to the end (`study.sweep.source`)."""
+    watch = SourceWatch([plan.base])
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)
     subprocess_mode = args.parallel > 1 or needs_subprocess(plan)
@@ -246,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_pretraining(plan)
         pretrain_todo = not pretrain_done(plan)
     if pretrain_todo:
-        status = pretrain(plan, args, passthrough, subprocess_mode)
+        status = pretrain(plan, args, passthrough, subprocess_mode, watch)
         print(
             f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)} ({plan.pretrain.dir})"
             + (f": {status['reason']}" if status.get("reason") else ""),
@@ -266,9 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess_mode:
         # With several slots the frozen-model steps (independent of the runs) go first, beside the runs.
         steps = frozen_steps(plan) if args.parallel > 1 else []
-        outcomes = run_pool(plan, todo, args, passthrough, progress, steps)
+        outcomes = run_pool(plan, todo, args, passthrough, progress, steps, watch)
     else:
-        run_in_process(todo, progress, quiet=not args.verbose)
+        run_in_process(todo, progress, quiet=not args.verbose, watch=watch)
+    watch.check("before the frozen-model steps and the report")
     return _finish(plan, args, start, outcomes)
 
 

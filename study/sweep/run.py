@@ -436,6 +436,9 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     cli = None
     try:
         cli = lightning_main(args, run=False, save_config_kwargs={"overwrite": True})
+        # what this attempt runs (code, configs, libraries, machine): the sweep compares its source hash with its own
+        status["provenance"] = cli.provenance
+        write_status(run.dir, status)
         guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
         cli.trainer.fit(
             cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None, weights_only=True

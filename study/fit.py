@@ -187,13 +187,15 @@ class ProvenanceText(L.Callback):
 
 def run_provenance(cli: LightningCLI, trainer: L.Trainer, argv: list[str]) -> dict[str, Any]:
     """The provenance record of the run `cli` builds from the command line ``argv``: its config chain, the model's
-    dtype, the trainer's precision and the digests of its inputs."""
+    dtype, the trainer's precision and the digests of its inputs (files inside its logger's folder, such as a
+    sweep's own HParams experiment or pretrained model, are outputs: left out, as the sweep's `depends` does)."""
     config = cli.config.get(cli.subcommand) if getattr(cli, "subcommand", None) else cli.config
     resolved = config.as_dict() if hasattr(config, "as_dict") else {}
     parameter = next(iter(cli.model.parameters()), None) if getattr(cli, "model", None) is not None else None
+    save_dir = getattr(trainer.logger, "save_dir", None) if trainer.logger is not None else None
     return provenance.collect(provenance.config_files(argv), precision=trainer.precision,
                               dtype=None if parameter is None else parameter.dtype,
-                              inputs=provenance.input_digests(resolved))
+                              inputs=provenance.input_digests(resolved, outputs=Path(save_dir) if save_dir else None))
 
 
 class StudyCLI(LightningCLI):

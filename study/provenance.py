@@ -121,18 +121,19 @@ def git_state(config_files: Sequence[str | Path] = (), package_dir: Path = PACKA
     commit = _git(root, "rev-parse", "HEAD") if (root / ".git").exists() else None
     if commit is None:
         return {"commit": None, "dirty": None, "source_dirty": None, "source_diff_hash": None}
-    watched = [str(package_dir), *(str(Path(f).resolve()) for f in config_files if _inside(Path(f), root))]
+    # the source is the package's .py files (bytecode and other files beside them are not) and the configs
+    package = package_dir.relative_to(root).as_posix()
+    watched = [f":(glob){package}/**/*.py",
+               *(Path(f).resolve().relative_to(root.resolve()).as_posix() for f in config_files if _inside(Path(f), root))]
     status = _git(root, "status", "--porcelain") or ""
-    changed = _git(root, "status", "--porcelain", "--", *watched) or ""
+    changed = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *watched) or ""
     diff_hash = None
     if changed.strip():
         digest = hashlib.sha256((_git(root, "diff", "HEAD", "--", *watched) or "").encode())
         for line in sorted(changed.splitlines()):  # untracked files have no diff: their content counts
             if line.startswith("?? "):
-                path = root / line[3:].strip('"')
-                files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-                for f in files:
-                    digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+                path = line[3:].strip('"')
+                digest.update(path.encode() + b"\0" + (root / path).read_bytes())
         diff_hash = _short(digest)
     return {"commit": commit.strip(), "dirty": bool(status.strip()), "source_dirty": bool(changed.strip()),
             "source_diff_hash": diff_hash}

@@ -14,6 +14,7 @@ from study import tags
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
+from study.report import origin as runs_origin
 from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import Finding, depth_statement, excess_slopes, findings, main_arm, sanity_checks
@@ -89,6 +90,7 @@ def report_text(
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
     frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
+    origin_lines: list[str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
@@ -108,6 +110,7 @@ def report_text(
         + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
         + f". Source: `{source}`.",
         "",
+        *([*origin_lines, ""] if origin_lines else []),
         *(["## In plain words", "", plain, ""] if plain else []),
         "## Scorecard",
         "",
@@ -220,11 +223,35 @@ def _findings_table(found: list[Finding], family: Family) -> str:
         return md.findings_table(found)
 
 
-def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def _mark_mixed(found: list[Finding], origin: runs_origin.Origin) -> None:
+    """Every training finding (the rows the runs feed) says when its runs come from several source hashes."""
+    for f in found:
+        if f.experiment == "training":
+            f.value += runs_origin.mixed_note(origin)
+
+
+def _flag_mixed(data: dict, origin: runs_origin.Origin) -> None:
+    """report.json's training rows (findings, scorecard, the learning-rate findings) name the source hashes
+    they pool, when there are several."""
+    if not origin.mixed:
+        return
+    rows = [*data["findings"], *data["scorecard"], *((data.get("lr_curves") or {}).get("findings") or [])]
+    for row in rows:
+        if row.get("experiment", "training") == "training":
+            row["mixed_sources"] = origin.recorded
+
+
+def build_report(
+    sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed_sources: bool = False,
+) -> Path:  # fmt: skip
+    """Write report.md, report.json and the figures of a sweep's runs; `MixedSources` (nothing written) when the
+    runs recorded different source hashes and ``allow_mixed_sources`` is False."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
     plan, runs = load_sweep(sweep_dir)
+    origin = runs_origin.origin(runs)
+    runs_origin.check(origin, allow_mixed_sources)
+    out.mkdir(parents=True, exist_ok=True)
     results, not_counted = split_results(share_baselines([summarize(r) for r in runs]))
     all_runs = dedupe(results)  # only results: a failed top-1 run must not stand for the finished ones
     # The paper's claims are about softmax: findings and the T x k figures use the softmax runs.
@@ -240,12 +267,15 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     analysis = load_analysis(sweep_dir)
     judgement = judged(primary, probe, analysis)
     frozen_effect = critical_effect.section(analysis, critical_effect.draw(analysis, out))
-    lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    lr_curves = lr_section(all_runs, out, value_note=runs_origin.mixed_note(origin))
     found, family = judgement
+    _mark_mixed(found, origin)
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
+    data["origin"] = runs_origin.origin_json(origin)
     data["excess_slopes"] = excess_json(primary)
     found_controls = planted_controls.controls()  # planted settings with known verdicts (study.report.controls)
     data["controls"] = planted_controls.controls_json(found_controls)
@@ -253,10 +283,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         data["theorem1_effect_size"] = critical_effect.effect_json(analysis)
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
+    _flag_mixed(data, origin)
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
         plain=(plain := md.plain_summary(data)), frozen_effect=frozen_effect,
-        control_section=planted_controls.section(found_controls),
+        control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
     )  # fmt: skip
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown

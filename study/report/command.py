@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from study.report.build import build_report
+from study.report.origin import ALLOW_OPTION, MixedSources
 
 
 def is_sweep_folder(folder: Path) -> bool:
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("sweep_dir", help="a sweep folder, e.g. logs/default")
     p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
+    p.add_argument(ALLOW_OPTION, action="store_true",
+                   help="pool runs that recorded different source hashes (refused by default); every finding row "
+                   "they feed says so")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
@@ -34,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    path = build_report(args.sweep_dir, out_dir=args.out)
+    try:
+        path = build_report(args.sweep_dir, out_dir=args.out, allow_mixed_sources=args.allow_mixed_sources)
+    except MixedSources as err:
+        print(f"study report: refused, nothing written: {err}", file=sys.stderr)
+        return 2
     print(f"report: {path}")
     return 0

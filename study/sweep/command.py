@@ -137,19 +137,21 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             flush=True,
         )
         return 0
-    report, report_failed = None, None
+    report, report_failed, then = None, None, "once there is room"
     if plan.report and not args.no_report:
         from study.report import build_report
+        from study.report.origin import ALLOW_OPTION, MixedSources
 
         try:
             report = build_report(plan.sweep_dir)
         except OSError as err:  # a full disk: the report is one failed item; the runs and their logs stand
             report_failed = f"{type(err).__name__}: {err}"
+        except MixedSources as err:  # runs done before a change of the code, beside this sweep's
+            report_failed, then = f"refused: {err}", f"{ALLOW_OPTION} to pool them anyway"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
         + (f"; report: {report}" if report else "")
-        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} once there is room"
-           if report_failed else ""),
+        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} {then}" if report_failed else ""),
         flush=True,
     )
     steps_ok = all(outcome is not False for outcome in outcomes.values())

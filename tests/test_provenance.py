@@ -14,8 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from study import provenance, tags
+from study.fit import ProvenanceText  # imports Lightning and transformers once, at collection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,11 +138,6 @@ def test_the_record_names_libraries_machine_kernels_dtype_and_precision(monkeypa
 
 
 def test_the_text_entry_is_written_once_at_fit_start(tmp_path):
-    from lightning.pytorch.loggers import TensorBoardLogger
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from study.fit import ProvenanceText
-
     record = {"source_hash": "sha256 0123456789abcdef", "machine": {"cpu": "CPU X", "env": {"MKL_CBWR": None}}}
     logger = TensorBoardLogger(str(tmp_path), name="", version="")
     trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], global_step=7)
@@ -249,8 +247,6 @@ def test_a_pool_stops_when_a_run_subprocess_recorded_another_source_hash(tmp_pat
 def test_a_real_run_records_its_provenance_in_its_status_and_its_events(tmp_path):
     """A sweep's run (`study fit` through the sweep) keeps the record in status.json and writes it as the text
     entry; its source hash is the package's and the base config's, its inputs are the sweep's `depends`."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     from study.sweep import build_plan, main
     from tests.test_sweep import write_spec
 
@@ -274,3 +270,94 @@ def test_a_real_run_records_its_provenance_in_its_status_and_its_events(tmp_path
     acc.Reload()
     [event] = acc.Tensors(f"{tags.PROVENANCE}/text_summary")
     assert event.step == 0 and event.tensor_proto.string_val[0].decode() == provenance.as_markdown(record)
+
+
+# ---- the report -----------------------------------------------------------------------------------------------
+def _record(source: str, cpu: str = "CPU X", mkl: str | None = None) -> dict:
+    return {"source_hash": source, "git": {"commit": "0123456789abcdef0123", "dirty": False, "source_dirty": False},
+            "machine": {"cpu": cpu, "cpu_capability": "AVX2", "env": {"MKL_CBWR": mkl}, "torch_threads": 1}}
+
+
+def _sweep_with_sources(sweep: Path, records: list[dict | None]) -> None:
+    """Finished softmax runs at 3 temperatures x 3 seeds whose gradient norm is 1/T, each with the provenance
+    record given in turn (None: a run logged before runs recorded one)."""
+    from tests.test_report import write_fake_run
+
+    runs = []
+    members = [(t, seed) for t in (0.1, 0.3, 1.0) for seed in (0, 1, 2)]
+    for (t, seed), record in zip(members, records):
+        name, grad = f"T{t:g}_kall_softmax_s{seed}", 1.0 / t * (1 + 0.01 * seed)
+        params = {"temperature": t, "top_k": None, "normalizer": "softmax", "seed": seed}
+        write_fake_run(sweep, name, params, {
+            "train/loss": [(0, 5.0), (1, 4.0)], "val/ppl": [(2, 50.0)], "grad_norm/total": [(0, grad), (1, grad)],
+            "grad_norm/attn_q": [(0, grad), (1, grad)], "grad_norm/attn_k": [(0, grad), (1, grad)],
+        })  # fmt: skip
+        if record is not None:
+            status = json.loads((sweep / name / "status.json").read_text())
+            (sweep / name / "status.json").write_text(json.dumps({**status, "provenance": record}))
+        runs.append({"name": name, "params": params})
+    (sweep / "plan.json").write_text(json.dumps({"sweep": sweep.name, "runs": runs}))
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """The report without its figures and planted controls (seconds each; tested in test_report*.py)."""
+    from study.report import build
+
+    monkeypatch.setattr(build, "figures", lambda summaries, out: {})
+    monkeypatch.setattr(build.planted_controls, "controls", lambda: [])
+    monkeypatch.setattr(build.planted_controls, "section", lambda found: [])
+
+
+A, B = "sha256 aaaaaaaaaaaaaaaa", "sha256 bbbbbbbbbbbbbbbb"
+
+
+def test_the_report_refuses_runs_of_two_source_hashes_in_one_line(tmp_path, capsys, no_figures):
+    from study.report import main as report_main
+
+    sweep = tmp_path / "mixed"
+    _sweep_with_sources(sweep, [_record(A)] * 6 + [_record(B)] * 3)
+    assert report_main([str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"study report: refused, nothing written: the runs come from 2 source hashes ({A}: 6 runs, {B}: "
+                   "3 runs): their findings would pool two versions of the code; rerun them from one, or pass "
+                   "--allow-mixed-sources to pool them with every row they feed marked\n")
+    assert not (sweep / "report").exists()
+
+
+def test_with_the_option_every_row_the_runs_feed_says_so(tmp_path, capsys, no_figures):
+    from study.report import main as report_main
+
+    sweep = tmp_path / "mixed"
+    _sweep_with_sources(sweep, [_record(A)] * 6 + [_record(B, cpu="CPU Y", mkl="COMPATIBLE")] * 3)
+    assert report_main([str(sweep), "--allow-mixed-sources"]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    note = f" (pools runs of 2 source hashes: {A}, {B})"
+    header = text.split("## Scorecard")[0]
+    assert (f"Source hashes of the runs (the package source and its configs, `study.provenance`): {A}: 6 runs, "
+            f"{B}: 3 runs; pooled with --allow-mixed-sources: every row they feed says so.") in header
+    assert "Machines: CPU X, AVX2, 1 thread (6 runs); CPU Y, AVX2, MKL_CBWR=COMPATIBLE, 1 thread (3 runs)." in header
+    assert data["origin"] == {"sources": {A: 6, B: 3}, "mixed": True, "commits": {"0123456789ab": 9},
+                              "dirty_source_runs": 0,
+                              "machines": {"CPU X, AVX2, 1 thread": 6, "CPU Y, AVX2, MKL_CBWR=COMPATIBLE, 1 thread": 3}}
+    training = [f for f in data["findings"] if f["experiment"] == "training"]
+    assert training and all(f["value"].endswith(note) and f["mixed_sources"] == [A, B] for f in training)
+    scorecard = [r for r in data["scorecard"] if r["experiment"] == "training"]
+    assert scorecard and all(r["ours"].endswith(note) and r["mixed_sources"] == [A, B] for r in scorecard)
+    assert all("mixed_sources" not in f for f in data["findings"] if f["experiment"] != "training")
+    rows = [line for line in text.split("## Findings")[1].split("## Sanity")[0].splitlines() if "in training" in line]
+    assert rows and all(note in line for line in rows)
+
+
+def test_one_source_hash_and_unrecorded_runs_are_pooled_and_named(tmp_path, capsys, no_figures):
+    from study.report import build_report
+
+    sweep = tmp_path / "older"
+    _sweep_with_sources(sweep, [_record(A)] * 7 + [None] * 2)
+    text = build_report(sweep).read_text()
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    assert data["origin"]["sources"] == {A: 7, "unrecorded": 2} and data["origin"]["mixed"] is False
+    assert f"{A}: 7 runs, unrecorded: 2 runs." in text
+    assert "2 run(s) recorded no provenance (made before runs recorded it): their code and machine are unknown." in text
+    assert "pools runs of" not in text and not any("mixed_sources" in f for f in data["findings"])

@@ -326,7 +326,13 @@ def as_markdown(record: dict[str, Any]) -> str:
 
 
 def recorded_source(status: dict[str, Any] | None) -> str:
-    """The source hash a run's status records, or `UNRECORDED`."""
+    """The source hash a run's status records, or `UNRECORDED`; a run resumed across a change of the code (its
+    `attempt_sources` differ) reads as its hashes joined by " + ", a source of its own that pools nothing else."""
     record = (status or {}).get("provenance")
     value = record.get("source_hash") if isinstance(record, dict) else None
-    return value if isinstance(value, str) and value else UNRECORDED
+    if not (isinstance(value, str) and value):
+        return UNRECORDED
+    attempts = (status or {}).get("attempt_sources")
+    if isinstance(attempts, list) and len(set(map(str, attempts))) > 1:
+        return " + ".join(dict.fromkeys(map(str, attempts)))
+    return value

@@ -21,6 +21,7 @@ from study import provenance, tags
 from study.fit import ProvenanceText  # imports Lightning and transformers once, at collection
 
 ROOT = Path(__file__).resolve().parents[1]
+A, B = "sha256 aaaaaaaaaaaaaaaa", "sha256 bbbbbbbbbbbbbbbb"  # two source hashes
 
 
 # ---- the source hash ------------------------------------------------------------------------------------------
@@ -179,6 +180,32 @@ def test_the_watch_names_both_hashes_and_the_moment(monkeypatch):
                               "sha256 aaaaaaaaaaaaaaaa at its start, sha256 bbbbbbbbbbbbbbbb after run a ended)")
 
 
+def test_a_run_resumed_across_a_change_of_the_code_reads_as_both_sources():
+    """A run stopped, the code changed, the run resumed from its checkpoint: its weights carry both versions, and
+    the report reads it as a source of its own (which it then refuses to pool with either)."""
+    from study.sweep.run import attempt_sources
+
+    first = {"state": "failed", "provenance": {"source_hash": A}}
+    assert attempt_sources(first, {"source_hash": B}, resumed=True) == [A, B]
+    assert attempt_sources(first, {"source_hash": B}, resumed=False) == [B]  # started over: B alone
+    assert attempt_sources({"attempt_sources": [A, A]}, {"source_hash": A}, resumed=True) == [A, A, A]
+    assert attempt_sources({"state": "running"}, {"source_hash": B}, resumed=True) == [B]  # an unrecorded attempt
+    both = {"provenance": {"source_hash": B}, "attempt_sources": [A, B]}
+    assert provenance.recorded_source(both) == f"{A} + {B}"
+    assert provenance.recorded_source({**both, "attempt_sources": [B, B]}) == B
+
+
+def test_a_sweep_names_the_runs_on_disk_that_other_code_made(monkeypatch):
+    from study.sweep.source import done_elsewhere
+
+    statuses = {"a": {"provenance": {"source_hash": A}}, "b": {"provenance": {"source_hash": B}}, "c": None,
+                "d": {"state": "finished"}}
+    assert done_elsewhere(statuses, A) == (
+        f"1 run(s) on disk ran under other source hashes ({B}) than this sweep's {A}: the report refuses to pool "
+        "them with its runs (study report --allow-mixed-sources pools them, marked); delete them to redo them")
+    assert done_elsewhere({"a": statuses["a"], "c": None, "d": statuses["d"]}, A) is None
+
+
 def _tiny_spec(tmp_path: Path) -> Path:
     from tests.test_sweep import write_spec
 
@@ -308,8 +335,6 @@ def no_figures(monkeypatch):
     monkeypatch.setattr(build.planted_controls, "controls", lambda: [])
     monkeypatch.setattr(build.planted_controls, "section", lambda found: [])
 
-
-A, B = "sha256 aaaaaaaaaaaaaaaa", "sha256 bbbbbbbbbbbbbbbb"
 
 
 def test_the_report_refuses_runs_of_two_source_hashes_in_one_line(tmp_path, capsys, no_figures):

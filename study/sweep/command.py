@@ -35,7 +35,7 @@ from study.sweep.run import (
     recorded_settings,
     run_one,
 )
-from study.sweep.source import SourceChanged, SourceWatch
+from study.sweep.source import SourceChanged, SourceWatch, done_elsewhere
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
 
@@ -239,6 +239,8 @@ def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
     """The pretraining, the runs and the frozen-model steps of a checked plan, then the report; the exit code.
     The source hash is taken here and watched to the end (`study.sweep.source`)."""
     watch = SourceWatch([plan.base])
+    if note := done_elsewhere({r.name: read_status(r.dir) for r in plan.runs}, watch.expected):
+        print(f"study sweep {plan.name}: {note}", file=sys.stderr, flush=True)
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)
     subprocess_mode = args.parallel > 1 or needs_subprocess(plan)

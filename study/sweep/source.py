@@ -38,7 +38,21 @@ class SourceWatch:
     def check_run(self, name: str, status: dict[str, Any] | None) -> None:
         """Raise `SourceChanged` if run ``name`` recorded another source hash than the sweep's (a run that recorded
         none, such as one refused before it started, is not checked)."""
-        recorded = provenance.recorded_source(status)
+        record = (status or {}).get("provenance")  # this attempt's own (earlier attempts are the report's to read)
+        recorded = provenance.recorded_source({"provenance": record})
         if recorded not in (provenance.UNRECORDED, self.expected):
             raise SourceChanged(f"run {name} ran under source hash {recorded}, not the sweep's {self.expected} "
                                 f"(the package source or its configs changed while the sweep ran); {AFTER}")
+
+
+def done_elsewhere(statuses: dict[str, dict[str, Any] | None], expected: str) -> str | None:
+    """A note on the runs on disk (name -> status) whose recorded source differs from ``expected``: done or
+    partly trained by other code, so that the report will refuse to pool them with this sweep's runs; None if none."""
+    other = {name: provenance.recorded_source(status) for name, status in statuses.items()}
+    other = {name: source for name, source in other.items() if source not in (provenance.UNRECORDED, expected)}
+    if not other:
+        return None
+    sources = sorted(set(other.values()))
+    return (f"{len(other)} run(s) on disk ran under other source hashes ({', '.join(sources)}) than this sweep's "
+            f"{expected}: the report refuses to pool them with its runs (study report --allow-mixed-sources pools "
+            f"them, marked); delete them to redo them")

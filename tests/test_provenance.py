@@ -363,6 +363,9 @@ def test_with_the_option_every_row_the_runs_feed_says_so(tmp_path, capsys, no_fi
     assert (f"Source hashes of the runs (the package source and its configs, `study.provenance`): {A}: 6 runs, "
             f"{B}: 3 runs; pooled with --allow-mixed-sources: every row they feed says so.") in header
     assert "Machines: CPU X, AVX2, 1 thread (6 runs); CPU Y, AVX2, MKL_CBWR=COMPATIBLE, 1 thread (3 runs)." in header
+    plain = text.split("## In plain words")[1].split("## Scorecard")[0]
+    assert plain.strip().startswith(f"These runs come from 2 source hashes ({A}: 6 runs, {B}: 3 runs), pooled with "
+                                    "--allow-mixed-sources: every training row pools them.")
     assert data["origin"] == {"sources": {A: 6, B: 3}, "mixed": True, "commits": {"0123456789ab": 9},
                               "dirty_source_runs": 0,
                               "machines": {"CPU X, AVX2, 1 thread": 6, "CPU Y, AVX2, MKL_CBWR=COMPATIBLE, 1 thread": 3}}
@@ -386,3 +389,26 @@ def test_one_source_hash_and_unrecorded_runs_are_pooled_and_named(tmp_path, caps
     assert f"{A}: 7 runs, unrecorded: 2 runs." in text
     assert "2 run(s) recorded no provenance (made before runs recorded it): their code and machine are unknown." in text
     assert "pools runs of" not in text and not any("mixed_sources" in f for f in data["findings"])
+
+
+def test_the_learning_rate_sections_rows_say_so_too(tmp_path, monkeypatch, no_figures):
+    """The from-scratch section's findings get the same note (passed to `lr_section`) and report.json flag."""
+    from study.report import build, lrcurves
+
+    seen = []
+
+    def fake_section(summaries, out=None, value_note=""):
+        seen.append(value_note)
+        rows = [{"key": "1", "claim": "c", "statistic": "s", "value": f"0.5 [0.1, 0.9]{value_note}", "verdict": "v",
+                 "rule": "r"}]
+        return lrcurves.LRSection("## Learning-rate curves (from scratch)\n", {"findings": rows})
+
+    monkeypatch.setattr(build, "lr_section", fake_section)
+    sweep = tmp_path / "mixed"
+    _sweep_with_sources(sweep, [_record(A)] * 6 + [_record(B)] * 3)
+    build.build_report(sweep, allow_mixed_sources=True)
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    note = f" (pools runs of 2 source hashes: {A}, {B})"
+    assert seen == [note]
+    assert data["lr_curves"]["findings"][0]["value"] == f"0.5 [0.1, 0.9]{note}"
+    assert data["lr_curves"]["findings"][0]["mixed_sources"] == [A, B]

@@ -284,9 +284,13 @@ def build_report(
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
     _flag_mixed(data, origin)
+    plain = md.plain_summary(data)
+    if origin.mixed:  # the summary quotes some values by their interval alone: it says so once, first
+        plain = (f"These runs come from {len(origin.recorded)} source hashes ({origin.counts()}), pooled with "
+                 f"{runs_origin.ALLOW_OPTION}: every training row pools them.\n\n{plain}")
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=(plain := md.plain_summary(data)), frozen_effect=frozen_effect,
+        plain=plain, frozen_effect=frozen_effect,
         control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
     )  # fmt: skip
     if lr_curves is not None:

@@ -108,7 +108,9 @@ def source_change(expected: str, config_files: Sequence[str | Path] = ()) -> str
 # ---- the checkout ------------------------------------------------------------------------------------------
 def _git(root: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30, check=False)
+        # --no-optional-locks: a status never rewrites the index (a run must not race the user's git commands)
+        done = subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, timeout=30,
+                              check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.decode(errors="replace") if done.returncode == 0 else None

@@ -412,3 +412,19 @@ def test_the_learning_rate_sections_rows_say_so_too(tmp_path, monkeypatch, no_fi
     assert seen == [note]
     assert data["lr_curves"]["findings"][0]["value"] == f"0.5 [0.1, 0.9]{note}"
     assert data["lr_curves"]["findings"][0]["mixed_sources"] == [A, B]
+
+
+def test_the_pretraining_run_counts_among_the_sources(tmp_path, capsys, no_figures):
+    """Every fine-tuning run starts from the sweep's pretrained weights: a pretraining run made by other code is
+    a second source hash."""
+    from study.report import main as report_main
+
+    sweep = tmp_path / "pretrained"
+    _sweep_with_sources(sweep, [_record(A)] * 9)
+    (sweep / "pretrain").mkdir()
+    (sweep / "pretrain" / "status.json").write_text(json.dumps({"state": "finished", "provenance": _record(B)}))
+    assert report_main([str(sweep)]) == 2
+    assert f"the runs come from 2 source hashes ({A}: 9 runs, {B}: 1 run)" in capsys.readouterr().err
+    (sweep / "pretrain" / "status.json").write_text(json.dumps({"state": "finished", "provenance": _record(A)}))
+    assert report_main([str(sweep)]) == 0
+    assert json.loads((sweep / "report" / "report.json").read_text())["origin"]["sources"] == {A: 10}

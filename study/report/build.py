@@ -249,7 +249,8 @@ def build_report(
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     plan, runs = load_sweep(sweep_dir)
-    origin = runs_origin.origin(runs)
+    pretrain_status = sweep_dir / "pretrain" / "status.json"  # the sweep's pretraining run, when it has one
+    origin = runs_origin.origin(runs, read_optional_json(pretrain_status) if pretrain_status.is_file() else None)
     runs_origin.check(origin, allow_mixed_sources)
     out.mkdir(parents=True, exist_ok=True)
     results, not_counted = split_results(share_baselines([summarize(r) for r in runs]))

@@ -1,4 +1,5 @@
-"""Where a report's runs come from: the source hash each run recorded (`study.provenance`) and its machine.
+"""Where a report's runs come from: the source hash each run recorded (`study.provenance`) and its machine; a
+sweep's pretraining run counts as one of them (the fine-tuning runs start from its weights).
 
 The report lists both in its header and in report.json (`origin`), and refuses to pool runs of different source
 hashes (`MixedSources`, one line naming the hashes and their run counts) unless `--allow-mixed-sources` is given;
@@ -43,17 +44,19 @@ class Origin:
         return ", ".join(f"{h}: {n} run{'s' if n != 1 else ''}" for h, n in sorted(self.sources.items()))
 
 
-def origin(runs: Sequence[RunData]) -> Origin:
-    """The source hashes, machines and commits of the runs whose outcome is a result (the runs findings pool)."""
+def origin(runs: Sequence[RunData], pretrain: dict[str, Any] | None = None) -> Origin:
+    """The source hashes, machines and commits of the runs whose outcome is a result (the runs findings pool), and
+    of the sweep's pretraining run (status ``pretrain``), whose weights every fine-tuning run starts from."""
     sources: Counter[str] = Counter()
     machines: Counter[str] = Counter()
     commits: Counter[str] = Counter()
     dirty = 0
-    for run in runs:
-        if run.state not in RESULT_STATES:
-            continue
-        record = run.status.get("provenance")
-        sources[provenance.recorded_source(run.status)] += 1
+    statuses = [run.status for run in runs if run.state in RESULT_STATES]
+    if isinstance(pretrain, dict) and pretrain.get("state") in RESULT_STATES:
+        statuses.append(pretrain)
+    for status in statuses:
+        record = status.get("provenance")
+        sources[provenance.recorded_source(status)] += 1
         machines[provenance.machine_line(record)] += 1
         git = (record or {}).get("git") if isinstance(record, dict) else None
         if isinstance(git, dict) and git.get("commit"):

@@ -30,7 +30,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from typing_extensions import override
 
-from study import tags
+from study import provenance, tags
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
@@ -167,7 +167,40 @@ def quiet_console(trainer: L.Trainer) -> None:
             trainer.callbacks[i] = replacement()
 
 
+class ProvenanceText(L.Callback):
+    """Writes the run's provenance record (`study.provenance`) once at fit start, as the TensorBoard text entry
+    `tags.PROVENANCE` at the step the fit starts from (a resumed attempt adds its own)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        text = provenance.as_markdown(self.record)
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text(tags.PROVENANCE, text, trainer.global_step)
+
+
+def run_provenance(cli: LightningCLI, trainer: L.Trainer, argv: list[str]) -> dict[str, Any]:
+    """The provenance record of the run `cli` builds from the command line ``argv``: its config chain, the model's
+    dtype, the trainer's precision and the digests of its inputs (files inside its logger's folder, such as a
+    sweep's own HParams experiment or pretrained model, are outputs: left out, as the sweep's `depends` does)."""
+    config = cli.config.get(cli.subcommand) if getattr(cli, "subcommand", None) else cli.config
+    resolved = config.as_dict() if hasattr(config, "as_dict") else {}
+    parameter = next(iter(cli.model.parameters()), None) if getattr(cli, "model", None) is not None else None
+    save_dir = getattr(trainer.logger, "save_dir", None) if trainer.logger is not None else None
+    return provenance.collect(provenance.config_files(argv), precision=trainer.precision,
+                              dtype=None if parameter is None else parameter.dtype,
+                              inputs=provenance.input_digests(resolved, outputs=Path(save_dir) if save_dir else None))
+
+
 class StudyCLI(LightningCLI):
+    provenance: dict[str, Any] | None = None  # the run's record (`run_provenance`), once the trainer is built
+
     def instantiate_classes(self) -> None:
         """Build the model, the data and the trainer; a failure here is bad input (a value the classes refuse, a
         model or file that is not there), raised as `ConfigError` so that `study` exits 2, not 1 (a run that failed)."""
@@ -181,6 +214,8 @@ class StudyCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         quiet_console(trainer)
         verify_checkpoints(trainer)
+        self.provenance = run_provenance(self, trainer, sys.argv[1:])
+        trainer.callbacks.append(ProvenanceText(self.provenance))
         return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -269,7 +304,7 @@ def main(argv: list[str]) -> int:
     elif "-h" in argv or "--help" in argv:
         print(short_help(verb))
         return 0
-    for path in _config_files(argv):
+    for path in provenance.config_files(argv):
         load_yaml(path)  # a YAML syntax error as file:line:column, before LightningCLI's usage text
     _check_ckpt_path(argv)
     try:
@@ -371,12 +406,6 @@ def _check_ckpt_path(argv: list[str]) -> None:
     for path in paths:
         if Path(path).is_file() and (problem := checkpoint_problem(path)):
             raise ConfigError(damaged_checkpoint_message(path, problem))
-
-
-def _config_files(argv: list[str]) -> list[str]:
-    files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
-    return [f for f in files if Path(f).is_file()]
 
 
 def _diverged(cli: StudyCLI) -> str | None:

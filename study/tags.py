@@ -34,6 +34,10 @@ def pretrain(tag: str) -> str:
     return f"{PRETRAIN_PREFIX}-{tag}"
 
 
+# ---- what the run ran: code, configs, libraries, machine (`study.provenance`), a text entry at fit start ---------
+PROVENANCE = "provenance"
+
+
 # ---- the LightningModule ----------------------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 TRAIN_PPL = "train/ppl"

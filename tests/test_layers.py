@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "study.corpus": 2,
     "study.sampler": 2,
     "study.data": 3,
+    "study.provenance": 3,
     "study.model": 3,
     "study.fit": 4,
     "study.frozen": 4,

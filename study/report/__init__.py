@@ -6,6 +6,9 @@ Reads `plan.json` (or every run folder with a status.json), each run's events (T
 which also drops the steps a resumed run logged twice), and the runs' status files. Every tag it reads is in
 `study.report.sources`. Missing tags are reported as "not logged"; numbers in the report are logged values or
 statistics of them, never filled in.
+
+The header lists the source hashes and machines the runs recorded (`study.provenance`); runs of different source
+hashes are refused (exit 2) unless `--allow-mixed-sources` is given, and then every row they feed says so.
 """
 
 from __future__ import annotations

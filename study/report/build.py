@@ -15,6 +15,7 @@ from study import tags
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
+from study.report import origin as runs_origin
 from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import (
@@ -156,6 +157,7 @@ def report_text(
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
     frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
+    origin_lines: list[str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
@@ -175,6 +177,7 @@ def report_text(
         + (f" ({merged} identical by construction to another run, counted once)" if merged else "")
         + f". Source: `{source}`.",
         "",
+        *([*origin_lines, ""] if origin_lines else []),
         *(["## In plain words", "", plain, ""] if plain else []),
         "## Scorecard",
         "",
@@ -287,19 +290,55 @@ def _findings_table(found: list[Finding], family: Family) -> str:
         return md.findings_table(found)
 
 
+def _mark_mixed(found: list[Finding], origin: runs_origin.Origin) -> None:
+    """Every training finding (the rows the runs feed) says when its runs come from several source hashes."""
+    for f in found:
+        if f.experiment == "training":
+            f.value += runs_origin.mixed_note(origin)
+
+
+def _flag_mixed(data: dict, origin: runs_origin.Origin) -> None:
+    """report.json's training rows (findings, scorecard, the learning-rate findings) name the source hashes
+    they pool, when there are several."""
+    if not origin.mixed:
+        return
+    rows = [*data["findings"], *data["scorecard"], *((data.get("lr_curves") or {}).get("findings") or [])]
+    for row in rows:
+        if row.get("experiment", "training") == "training":
+            row["mixed_sources"] = origin.recorded
+
+
+def sweep_origin(sweep_dir: Path, runs: list, allow_mixed_sources: bool) -> runs_origin.Origin:
+    """The source hashes, commits and machines of a sweep's runs and its pretraining run; `MixedSources` when they
+    differ and ``allow_mixed_sources`` is False."""
+    pretrain_status = sweep_dir / "pretrain" / "status.json"  # the sweep's pretraining run, when it has one
+    found = runs_origin.origin(runs, read_optional_json(pretrain_status) if pretrain_status.is_file() else None)
+    runs_origin.check(found, allow_mixed_sources)
+    return found
+
+
 def build_report(
-    sweep_dir: str | Path, out_dir: str | Path | None = None, numerics_check: str | Path | None = None
+    sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed_sources: bool = False,
+    numerics_check: str | Path | None = None,
 ) -> Path:  # fmt: skip
-    """Write report.md, report.json and the figures of a sweep into ``out_dir`` (default: <sweep>/report). With
-    ``numerics_check``, a second sweep folder of the same design run on another numerics path: every verdict is
-    compared with it (`judged_on_two_paths`)."""
+    """Write report.md, report.json and the figures of a sweep's runs into ``out_dir`` (default: <sweep>/report);
+    `MixedSources` (nothing written) when the runs recorded different source hashes and ``allow_mixed_sources`` is
+    False. With ``numerics_check``, a second sweep folder of the same design and source run on another numerics
+    path: every verdict is compared with it (`judged_on_two_paths`)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     plan, runs, all_runs, not_counted, primary, mine = read_sweep(sweep_dir)
+    origin = sweep_origin(sweep_dir, runs, allow_mixed_sources)
     check = None
     if numerics_check is not None:
-        other = read_sweep(Path(numerics_check))[-1]
+        other_dir = Path(numerics_check)
+        _, other_runs, *_, other = read_sweep(other_dir)
+        other_origin = sweep_origin(other_dir, other_runs, allow_mixed_sources)
+        both = runs_origin.Origin({**other_origin.sources, **origin.sources}, {}, {}, 0)
+        runs_origin.check(both, allow_mixed_sources)  # two versions of the code are not two numerics paths
         judgement, check = judged_on_two_paths(mine, other, str(numerics_check))
+        check["path"] = "; ".join(other_origin.machines)
+        check["origin"] = runs_origin.origin_json(other_origin)
     else:
         judgement = judged(primary, mine.probe, mine.analysis)
     out.mkdir(parents=True, exist_ok=True)
@@ -312,12 +351,15 @@ def build_report(
     title, probe, analysis = plan.get("sweep", sweep_dir.name), mine.probe, mine.analysis
     probe_figure = draw_layers(probe, out) and "probe_layers.png" if probe and probe.get("results") else None
     frozen_effect = critical_effect.section(analysis, critical_effect.draw(analysis, out))
-    lr_curves = lr_section(all_runs, out)  # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    # a from-scratch learning-rate sweep's own section (study.report.lrcurves)
+    lr_curves = lr_section(all_runs, out, value_note=runs_origin.mixed_note(origin))
     found, family = judgement
+    _mark_mixed(found, origin)
     data = report_json(
         title, str(sweep_dir), run_states(all_runs, not_counted), found, sanity_checks(primary), family,
         model=(probe or {}).get("model"),
     )  # fmt: skip
+    data["origin"] = runs_origin.origin_json(origin)
     data["excess_slopes"] = excess_json(primary)
     if check is not None:
         data["numerics_check"] = check
@@ -327,10 +369,15 @@ def build_report(
         data["theorem1_effect_size"] = critical_effect.effect_json(analysis)
     if lr_curves is not None:
         data["lr_curves"] = lr_curves.data
+    _flag_mixed(data, origin)
+    plain = md.plain_summary(data)
+    if origin.mixed:  # the summary quotes some values by their interval alone: it says so once, first
+        plain = (f"These runs come from {len(origin.recorded)} source hashes ({origin.counts()}), pooled with "
+                 f"{runs_origin.ALLOW_OPTION}: every training row pools them.\n\n{plain}")
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=(plain := md.plain_summary(data)), frozen_effect=frozen_effect,
-        control_section=planted_controls.section(found_controls),
+        plain=plain, frozen_effect=frozen_effect,
+        control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
     )  # fmt: skip
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown

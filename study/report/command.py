@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from study.report.build import build_report
+from study.report.origin import ALLOW_OPTION, MixedSources
 
 
 def is_sweep_folder(folder: Path) -> bool:
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--numerics-check", default=None, metavar="OTHER_SWEEP_DIR",
                    help="the same sweep run on another numerics path (e.g. MKL_CBWR=COMPATIBLE, another thread count): "
                         "a claim whose verdict differs between the two is labelled numerically fragile")
+    p.add_argument(ALLOW_OPTION, action="store_true",
+                   help="pool runs that recorded different source hashes (refused by default); every finding row "
+                   "they feed says so")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
@@ -45,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study report: --numerics-check {args.numerics_check} is not a sweep folder; nothing written",
               file=sys.stderr)
         return 2
-    path = build_report(args.sweep_dir, out_dir=args.out, numerics_check=args.numerics_check)
+    try:
+        path = build_report(args.sweep_dir, out_dir=args.out, allow_mixed_sources=args.allow_mixed_sources,
+                            numerics_check=args.numerics_check)
+    except MixedSources as err:
+        print(f"study report: refused, nothing written: {err}", file=sys.stderr)
+        return 2
     print(f"report: {path}")
     return 0

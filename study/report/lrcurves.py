@@ -604,8 +604,9 @@ class LRSection:
     data: dict[str, object]
 
 
-def lr_section(summaries: Sequence[Summary], out: Path | None = None) -> LRSection | None:
-    """The report's learning-rate section, or None when the sweep is not a learning-rate sweep."""
+def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note: str = "") -> LRSection | None:
+    """The report's learning-rate section, or None when the sweep is not a learning-rate sweep. ``value_note``
+    follows each finding's value (the report's note on runs of several source hashes, `study.report.origin`)."""
     if not is_lr_sweep(summaries):
         return None
     runs = [lr_run(s) for s in summaries if from_scratch(s)]
@@ -622,7 +623,7 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None) -> LRSecti
         "temperatures": curves.temperatures,
         "family": {"size": family.size, "level": family.level},
         "design_checks": [{"statement": c.statement, "passed": c.passed, "detail": c.detail} for c in checks],
-        "findings": [f.as_dict() for f in found],
+        "findings": [{**f.as_dict(), "value": f"{f.as_dict()['value']}{value_note}"} for f in found],
         "sensitivity": sensitivity_rows(curves),
         "curves": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed, "sensitivity": c.sensitivity(),
                     "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss}

@@ -35,6 +35,7 @@ from study.sweep.run import (
     recorded_settings,
     run_one,
 )
+from study.sweep.source import SourceChanged, SourceWatch, done_elsewhere
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
 
@@ -136,19 +137,21 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             flush=True,
         )
         return 0
-    report, report_failed = None, None
+    report, report_failed, then = None, None, "once there is room"
     if plan.report and not args.no_report:
         from study.report import build_report
+        from study.report.origin import ALLOW_OPTION, MixedSources
 
         try:
             report = build_report(plan.sweep_dir)
         except OSError as err:  # a full disk: the report is one failed item; the runs and their logs stand
             report_failed = f"{type(err).__name__}: {err}"
+        except MixedSources as err:  # runs done before a change of the code, beside this sweep's
+            report_failed, then = f"refused: {err}", f"{ALLOW_OPTION} to pool them anyway"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
         + (f"; report: {report}" if report else "")
-        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} once there is room"
-           if report_failed else ""),
+        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} {then}" if report_failed else ""),
         flush=True,
     )
     steps_ok = all(outcome is not False for outcome in outcomes.values())
@@ -225,6 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(plan.sweep_dir / "plan.json")
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
 
+    try:
+        return _sweep(plan, args, passthrough)
+    except SourceChanged as changed:
+        print(f"study sweep {plan.name}: stopped: {changed}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
+    """The pretraining, the runs and the frozen-model steps of a checked plan, then the report; the exit code.
+    The source hash is taken here and watched to the end (`study.sweep.source`)."""
+    watch = SourceWatch([plan.base])
+    if note := done_elsewhere({r.name: read_status(r.dir) for r in plan.runs}, watch.expected):
+        print(f"study sweep {plan.name}: {note}", file=sys.stderr, flush=True)
     todo = [r for r in plan.runs if not done(r)]
     pretrain_todo = not pretrain_done(plan)
     subprocess_mode = args.parallel > 1 or needs_subprocess(plan)
@@ -246,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_pretraining(plan)
         pretrain_todo = not pretrain_done(plan)
     if pretrain_todo:
-        status = pretrain(plan, args, passthrough, subprocess_mode)
+        status = pretrain(plan, args, passthrough, subprocess_mode, watch)
         print(
             f"pretrain: {status['state']} in {format_seconds(time.perf_counter() - start)} ({plan.pretrain.dir})"
             + (f": {status['reason']}" if status.get("reason") else ""),
@@ -266,9 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     if subprocess_mode:
         # With several slots the frozen-model steps (independent of the runs) go first, beside the runs.
         steps = frozen_steps(plan) if args.parallel > 1 else []
-        outcomes = run_pool(plan, todo, args, passthrough, progress, steps)
+        outcomes = run_pool(plan, todo, args, passthrough, progress, steps, watch)
     else:
-        run_in_process(todo, progress, quiet=not args.verbose)
+        run_in_process(todo, progress, quiet=not args.verbose, watch=watch)
+    watch.check("before the frozen-model steps and the report")
     return _finish(plan, args, start, outcomes)
 
 

@@ -30,6 +30,7 @@ from study.sweep.run import (
     utc_now,
     write_status,
 )
+from study.sweep.source import SourceChanged, SourceWatch
 
 
 # ---- one run as a subprocess ---------------------------------------------------------------------------------
@@ -125,10 +126,13 @@ def _signal_job(proc: subprocess.Popen, sig: int, group: bool) -> None:
             proc.send_signal(sig)
 
 
-def stop_jobs(jobs: list, signum: int, progress: SweepProgress | None, grace_s: float = 60.0) -> None:
+def stop_jobs(
+    jobs: list, signum: int, progress: SweepProgress | None, grace_s: float = 60.0, cause: str | None = None,
+) -> None:  # fmt: skip
     """Pass ``signum`` on to every running job (a run's whole process group), wait for each to record itself
-    (SIGKILL after ``grace_s``), record the runs that could not as interrupted, and say so in one line."""
-    name = signal.Signals(signum).name
+    (SIGKILL after ``grace_s``), record the runs that could not as interrupted, and say so in one line; ``cause``
+    names why when the sweep itself stops them (its source changed), else the signal is the cause."""
+    name = cause or signal.Signals(signum).name
     procs = [(job, job.proc if isinstance(job, Launched) else job[1]) for job in jobs]
     for job, proc in procs:
         _signal_job(proc, signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT, not isinstance(job, Launched))
@@ -151,7 +155,8 @@ def stop_jobs(jobs: list, signum: int, progress: SweepProgress | None, grace_s: 
         if progress is not None:
             progress.update(run, status)
     print(f"study sweep: stopped by {name}; {len(names)} running job(s) stopped and recorded"
-          + (f" ({', '.join(names)})" if names else "") + "; rerun the same command to resume", flush=True)
+          + (f" ({', '.join(names)})" if names else "") + ("" if cause else "; rerun the same command to resume"),
+          flush=True)
 
 
 # ---- progress -------------------------------------------------------------------------------------------------
@@ -246,9 +251,12 @@ def _left_to_others(run: Run, held: RunBusy, progress: SweepProgress) -> None:
     progress.update(run, {"state": "running elsewhere", "reason": str(held)}, skipped=True)
 
 
-def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True) -> None:
+def run_in_process(
+    todo: list[Run], progress: SweepProgress, quiet: bool = True, watch: SourceWatch | None = None,
+) -> None:  # fmt: skip
     """Train each run this process can lock; runs other processes hold are left to them. ``quiet``: each run's
-    output goes to ``<run>/sweep.log`` and the console keeps the progress line."""
+    output goes to ``<run>/sweep.log`` and the console keeps the progress line. ``watch``: the source hash is
+    checked before and after each run (`SourceChanged` stops the sweep)."""
     for run in todo:
         try:
             with RunLock(run.dir) as lock:
@@ -256,12 +264,17 @@ def run_in_process(todo: list[Run], progress: SweepProgress, quiet: bool = True)
                 if done(run):  # finished by another process since the plan was read
                     progress.update(run, read_status(run.dir) or {}, skipped=True)
                     continue
+                if watch is not None:
+                    watch.check(f"before launching run {run.name}")
                 try:
                     with run_console(run.dir / "sweep.log", quiet):
                         status = execute_run(run)
                 except OSError as err:  # a full disk before or after the run could record itself: one failed run
                     status = failed_by(run, err)
                 progress.update(run, status)
+                if watch is not None:
+                    watch.check_run(run.name, status)
+                    watch.check(f"after run {run.name} ended")
         except RunBusy as held:
             _left_to_others(run, held, progress)
         except OSError as err:  # the lock or the folder cannot even be made: the run fails, the sweep goes on
@@ -279,28 +292,35 @@ def failed_by(run: Run, err: OSError) -> dict[str, Any]:
 
 def run_pool(
     plan: Plan, todo: list[Run], args, passthrough: list[str], progress: SweepProgress,
-    steps: Sequence[FrozenStep] = (),
+    steps: Sequence[FrozenStep] = (), watch: SourceWatch | None = None,
 ) -> dict[str, bool | None]:  # fmt: skip
     """Runs as `--run-index` subprocesses (which lock their run), `--parallel` at a time; the frozen-model
     ``steps`` (`study.sweep.frozen_steps`) take the first slots, as the longest jobs. Returns each step's
-    outcome (True: done or cached, False: failed, None: held by another process)."""
+    outcome (True: done or cached, False: failed, None: held by another process). ``watch``: the source hash is
+    checked before each launch and after each run ends, with the hash the run recorded; a change stops the
+    running jobs and raises `SourceChanged`."""
     slots = _gpu_groups(args.parallel, args.devices_per_run) if args.parallel > 1 else [None]
     pending_steps, pending, active = list(steps), list(todo), {}
     outcomes: dict[str, bool | None] = {}
     try:
         with stopped_by_signals():
-            _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes)
+            _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes, watch)
     except Stopped as stop:
         stop_jobs(list(active.values()), stop.signum, progress)
         raise SystemExit(128 + stop.signum) from None
+    except SourceChanged:
+        stop_jobs(list(active.values()), signal.SIGTERM, progress, cause="its source changing")
+        raise
     return outcomes
 
 
-def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes) -> None:
+def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending, active, outcomes, watch) -> None:
     while pending_steps or pending or active:
         for slot, gpus in enumerate(slots):
             while slot not in active and pending_steps:
                 step = pending_steps.pop(0)
+                if watch is not None:
+                    watch.check(f"before launching {step.label}")
                 launched = launch(step)
                 if isinstance(launched, Launched):
                     active[slot] = launched
@@ -312,6 +332,8 @@ def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending,
                 if held is not None:
                     _left_to_others(run, held, progress)
                     continue
+                if watch is not None:
+                    watch.check(f"before launching run {run.name}")
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
                 cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
                 try:
@@ -333,6 +355,9 @@ def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending,
                 slot_s = time.perf_counter() - started
                 status.setdefault("duration_s", round(slot_s, 2))
                 progress.update(run, status, slot_s=slot_s)
+                if watch is not None:
+                    watch.check_run(run.name, status)
+                    watch.check(f"after run {run.name} ended")
 
 
 def wait_for_pretraining(plan: Plan) -> None:
@@ -345,8 +370,21 @@ def wait_for_pretraining(plan: Plan) -> None:
         held = busy(plan.pretrain.dir)
 
 
-def pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
-    """Train the shared base run (its output in pretrain/sweep.log); its status."""
+def pretrain(
+    plan: Plan, args, passthrough: list[str], subprocess_mode: bool, watch: SourceWatch | None = None,
+) -> dict:  # fmt: skip
+    """Train the shared base run (its output in pretrain/sweep.log); its status. ``watch``: the source hash is
+    checked before and after it (`SourceChanged`)."""
+    if watch is not None:
+        watch.check("before launching the pretraining")
+    status = _pretrain(plan, args, passthrough, subprocess_mode)
+    if watch is not None:
+        watch.check_run("pretrain", status)
+        watch.check("after the pretraining ended")
+    return status
+
+
+def _pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
     if subprocess_mode:
         cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads)
         proc = launch_subprocess(cmd, plan.pretrain)

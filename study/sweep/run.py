@@ -423,7 +423,8 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
             # The validation after the checkpoint's step is logged (the monitors' at the checkpoint's step) and the
             # resumed attempt does not run it again: keep step `step`, purge from the next one.
             purge = step + 1
-    status = _new_status(run, read_status(run.dir) or {}, resume, step, notes)
+    previous = read_status(run.dir) or {}
+    status = _new_status(run, previous, resume, step, notes)
     write_settings(run)
     for note in status["notes"]:
         if is_rank_zero():
@@ -436,6 +437,10 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
     cli = None
     try:
         cli = lightning_main(args, run=False, save_config_kwargs={"overwrite": True})
+        # what this attempt runs (code, configs, libraries, machine): the sweep compares its source hash with its own
+        status["provenance"] = cli.provenance
+        status["attempt_sources"] = attempt_sources(previous, cli.provenance, resumed=resume is not None)
+        write_status(run.dir, status)
         guard = next((c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
         cli.trainer.fit(
             cli.model, datamodule=cli.datamodule, ckpt_path=str(resume) if resume else None, weights_only=True
@@ -461,6 +466,18 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         del cli
         gc.collect()
     return status
+
+
+def attempt_sources(previous: dict[str, Any], record: dict[str, Any] | None, resumed: bool) -> list[str]:
+    """The source hashes of the attempts whose training the run's weights carry: the earlier attempts' when this
+    one resumes from their checkpoint (a sweep stopped, the code changed, the sweep rerun), then this one's. The
+    report reads a run with several as pooling them (`study.provenance.recorded_source`)."""
+    from study.provenance import UNRECORDED, recorded_source
+
+    earlier = previous.get("attempt_sources") if resumed else None
+    if resumed and not isinstance(earlier, list):  # an attempt recorded before this list existed
+        earlier = [] if recorded_source(previous) == UNRECORDED else [recorded_source(previous)]
+    return [*(earlier or []), recorded_source({"provenance": record})]
 
 
 # ---- one run of the plan, under its lock (`study sweep --run-index`) -----------------------------------------

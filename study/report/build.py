@@ -122,16 +122,16 @@ def judged_on_two_paths(mine: Sweep, other: Sweep, other_name: str) -> tuple[tup
     are judged again (a smaller family changes every interval's level), until no other verdict differs. Returns this
     sweep's judgement and the check as report.json data: each claim's verdict on the other path."""
     fragile: dict[str, str] = {}
-    for _ in range(len(findings(mine.primary, mine.probe)) + len(frozen_findings(mine.analysis)) + 1):
+    while True:  # ends: a fragile claim reads FRAGILE on both paths, so each pass adds new claims or none
         here = judged(mine.primary, mine.probe, mine.analysis, fragile)
         there = judged(other.primary, other.probe, other.analysis, fragile)
         theirs = {f.claim: f for f in there[0]}
-        differ = {f.claim: f"{other_name}: {theirs[f.claim].verdict}, {theirs[f.claim].value.split(';')[0]}"
+        differ = {f.claim: f"here: {f.verdict}; {other_name}: {theirs[f.claim].verdict}, "
+                  f"{theirs[f.claim].value.split(';')[0]}"
                   for f in here[0] if f.claim in theirs and theirs[f.claim].verdict != f.verdict}  # fmt: skip
         if not differ:
             break
-        fragile.update({claim: f"here: {f.verdict}; {differ[claim]}" for f in here[0] for claim in [f.claim]
-                        if claim in differ})  # fmt: skip
+        fragile.update(differ)
     rows = {f.claim: theirs[f.claim].verdict if f.claim in theirs else None for f in here[0]}
     return here, {
         "against": other_name,

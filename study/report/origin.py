@@ -78,15 +78,6 @@ def mixed_note(found: Origin) -> str:
     return f" (pools runs of {len(found.recorded)} source hashes: {', '.join(found.recorded)})" if found.mixed else ""
 
 
-def mark_rows(rows: list[dict[str, Any]], found: Origin, key: str = "value") -> None:
-    """Append `mixed_note` to each row's ``key`` and add `mixed_sources` (the hashes), when the runs are mixed."""
-    if not found.mixed:
-        return
-    for row in rows:
-        row[key] = f"{row[key]}{mixed_note(found)}"
-        row["mixed_sources"] = found.recorded
-
-
 def header_lines(found: Origin) -> list[str]:
     """The report header's lines on the runs' source hashes, commits and machines."""
     lines = [f"Source hashes of the runs (the package source and its configs, `study.provenance`): {found.counts()}"

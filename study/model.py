@@ -193,9 +193,8 @@ class CausalLMModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> STEP_OUTPUT:
         if self.hparams.get("z_loss", 0.0):
             ids = batch["input_ids"]
-            out = self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), labels=ids)
-            loss = out.loss
-            z_loss = z_loss_term(out.logits, batch.get("attention_mask"))
+            out = self.model(input_ids=ids, attention_mask=batch.get("attention_mask"))
+            loss, z_loss = lm_loss_and_z_loss(out.logits, ids, batch.get("attention_mask"))
             self.log(tags.TRAIN_Z_LOSS, z_loss)
             total = loss + self.hparams.z_loss * z_loss
         else:
@@ -327,13 +326,32 @@ def fold_temperature_into_init(model: torch.nn.Module, temperature: float) -> No
                                  "(known: GPT-2's c_attn, q_proj/k_proj)")
 
 
-def z_loss_term(logits: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """mean(log Z)^2 over the positions that predict a next token (the padded ones left out), in fp32."""
-    log_z = logits[:, :-1].float().logsumexp(dim=-1)
+def lm_loss_and_z_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal-LM cross-entropy (as Hugging Face's ``labels=input_ids`` loss: every shifted position) and the
+    z-loss mean(log Z)^2 over the positions that predict a next token (padded targets left out), from one fp32
+    log-softmax over the output logits.
+
+    log Z is read back from the log-softmax at each row's largest logit (log Z = max - log p(argmax), where
+    log p(argmax) lies in [-log V, 0], so no precision is lost); a separate logsumexp pass over the logits and its
+    backward would cost as much as the cross-entropy itself on a small model with a large vocabulary.
+    """
+    shifted = logits[:, :-1].float()
+    log_probs = shifted.log_softmax(dim=-1)
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    loss = -log_probs.gather(-1, targets).mean()
+    top = shifted.detach().argmax(dim=-1, keepdim=True)
+    log_z = (shifted.gather(-1, top) - log_probs.gather(-1, top)).squeeze(-1)
+    return loss, _masked_mean(log_z.pow(2), attention_mask)
+
+
+def _masked_mean(values: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of per-position values (B, L - 1) over the positions whose target is not padding."""
     if attention_mask is None:
-        return log_z.pow(2).mean()
-    keep = attention_mask[:, 1:].to(log_z.dtype)
-    return (log_z.pow(2) * keep).sum() / keep.sum().clamp(min=1)
+        return values.mean()
+    keep = attention_mask[:, 1:].to(values.dtype)
+    return (values * keep).sum() / keep.sum().clamp(min=1)
 
 
 def __getattr__(name: str) -> object:

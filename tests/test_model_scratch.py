@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from study.attention import AttentionSpec, apply_attention_spec
-from study.model import CausalLMModule, fold_temperature_into_init, z_loss_term
+from study.model import CausalLMModule, fold_temperature_into_init, lm_loss_and_z_loss
 from tests.conftest import tiny_llama_config
 
 SIZE = dict(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=64)
@@ -101,11 +101,21 @@ def test_independent_weight_decay_does_not_scale_with_the_learning_rate():
     assert _one_decay_step(0.1, independent=True) == pytest.approx(1 - 0.1, abs=1e-6)
 
 
-def test_z_loss_term_by_hand_and_added_to_the_training_loss_only(ids):
+def z_loss_term(logits, attention_mask=None):
+    """The reference: mean(log Z)^2 by logsumexp over the positions that predict a next token."""
+    log_z = logits[:, :-1].double().logsumexp(dim=-1)
+    keep = torch.ones_like(log_z) if attention_mask is None else attention_mask[:, 1:].double()
+    return (log_z.pow(2) * keep).sum() / keep.sum()
+
+
+def test_z_loss_by_hand_and_added_to_the_training_loss_only(ids):
     logits = torch.tensor([[[0.0, 0.0], [1.0, 2.0], [5.0, 5.0]]])  # log Z: log 2, log(e + e^2), 5 + log 2
     log_z = torch.tensor([torch.log(torch.tensor(2.0)), torch.log(torch.exp(torch.tensor(1.0)) + torch.exp(torch.tensor(2.0)))])
-    assert z_loss_term(logits).item() == pytest.approx(log_z.pow(2).mean().item(), rel=1e-6)  # the last position predicts nothing
-    masked = z_loss_term(logits, torch.tensor([[1, 1, 0]]))
+    targets = torch.tensor([[0, 1, 0]])
+    loss, z = lm_loss_and_z_loss(logits, targets)
+    assert z.item() == pytest.approx(log_z.pow(2).mean().item(), rel=1e-6)  # the last position predicts nothing
+    assert loss.item() == pytest.approx(((log_z[0] - 0.0) + (log_z[1] - 1.0)).item() / 2, rel=1e-6)  # -log p(target)
+    _, masked = lm_loss_and_z_loss(logits, targets, torch.tensor([[1, 1, 0]]))
     assert masked.item() == pytest.approx(log_z[0].pow(2).item(), rel=1e-6)
     module = _built(z_loss=1e-2)
     module.log = module.log_dict = lambda *a, **k: None
@@ -115,3 +125,24 @@ def test_z_loss_term_by_hand_and_added_to_the_training_loss_only(ids):
     expected = plain + 1e-2 * z_loss_term(module(ids).logits)
     assert total.item() == pytest.approx(expected.item(), rel=1e-6)
     assert total.item() > plain.item()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_one_log_softmax_gives_hugging_faces_loss_and_the_logsumexp_z_loss_with_their_gradients(scale):
+    # logits of 1e3 and more are where a diverging run goes: log Z read back at the row's largest logit keeps
+    # its precision there (a read at an arbitrary key would lose it)
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 7, 50, generator=gen) * scale).requires_grad_()
+    ids = torch.randint(0, 50, (3, 7), generator=gen)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    loss, z = lm_loss_and_z_loss(logits, ids, mask)
+    stock = ForCausalLMLoss(logits, ids, vocab_size=50)
+    reference_z = z_loss_term(logits, mask)
+    assert loss.item() == pytest.approx(stock.item(), rel=1e-6)
+    assert z.item() == pytest.approx(reference_z.item(), rel=1e-6)
+    got = torch.autograd.grad(loss + 1e-2 * z, logits)[0]
+    want = torch.autograd.grad(stock + 1e-2 * reference_z.float(), logits)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)

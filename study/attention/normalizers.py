@@ -9,7 +9,8 @@ Rows sum to 1 for every normaliser except Self-Adjust Softmax (``sums_to_one = F
 row as a distribution (entropy, KL to uniform, top-k mass) must check that flag.
 
 Names: softmax, sparsemax, entmax15, entmax (alpha from the spec, optionally learnable per head), ssmax
-(Scalable-Softmax), self_adjust (SA-Softmax, "normalized" or "plain" variant).
+(Scalable-Softmax), self_adjust (SA-Softmax, "normalized" or "plain" variant), uniform (equal weight on every
+allowed key: the control for a model that need not attend).
 """
 
 from __future__ import annotations
@@ -247,6 +248,33 @@ class SelfAdjustSoftmax(Normalizer):
         return (factor * probs).masked_fill(~allowed, 0.0)
 
 
+@register_normalizer
+class Uniform(Normalizer):
+    """Equal weight on every allowed key, whatever the scores: 1 / (number of allowed keys) per row.
+
+    The control arm of a from-scratch study: the same model with attention that reads no query or key, so its
+    held-out loss is what the architecture reaches without selecting positions. With ``top_k`` the row is uniform
+    over the selected keys (selection still reads the scores, in an order no T changes). The scores get no gradient through the weights,
+    and the temperature has no effect, so a temperature other than 1 is refused rather than silently ignored.
+    """
+
+    name = "uniform"
+
+    @classmethod
+    def check_spec(cls, spec) -> None:
+        super().check_spec(spec)
+        if spec.temperature != 1.0:  # selection by top_k is the same at every T too
+            raise ValueError(
+                f"temperature={spec.temperature!r} has no effect with normalizer 'uniform' (its weights do not read "
+                "the scores); use temperature 1"
+            )
+
+    def forward(self, scores: Tensor, allowed: Tensor, visible: Tensor | None = None) -> Tensor:
+        allowed = allowed.expand_as(scores)
+        counts = allowed.sum(dim=-1, keepdim=True).clamp(min=1)  # a row with no allowed key stays all zero
+        return allowed.to(scores.dtype) / counts.to(scores.dtype)
+
+
 __all__ = [
     "MASK_VALUE",
     "NORMALIZERS",
@@ -257,6 +285,7 @@ __all__ = [
     "SelfAdjustSoftmax",
     "Softmax",
     "Sparsemax",
+    "Uniform",
     "masked_softmax",
     "top_k_allowed",
 ]

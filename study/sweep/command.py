@@ -22,6 +22,7 @@ from study.sweep.pool import (
     pretrain,
     run_in_process,
     run_pool,
+    run_workers,
     wait_for_pretraining,
 )
 from study.sweep.run import (
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--parallel", type=int, default=1, help="runs at once, as subprocesses (default 1: in-process)"
     )
+    p.add_argument(
+        "--workers", type=int, default=1,
+        help="processes that each train runs one after another (start-up paid once per worker, not per run; "
+        "for many short single-device runs); default 1: this process",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of --workers' processes
     p.add_argument(
         "--devices-per-run",
         type=int,
@@ -191,6 +198,13 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     if args.parallel < 1 or args.devices_per_run < 1:
         print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
         return 2
+    if args.workers < 1:
+        print(f"study sweep: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
+    if args.workers > 1 and (args.parallel > 1 or args.run_index is not None or needs_subprocess(plan)):
+        print("study sweep: --workers trains runs in its worker processes; it does not combine with --parallel, "
+              "--run-index or runs on several devices (DDP), which need one process per run", file=sys.stderr)
+        return 2
     if args.devices_per_run > 1 and args.parallel == 1:
         print("study sweep: --devices-per-run pins the GPUs of --parallel runs; with one run at a time use "
               "--trainer.devices=N", file=sys.stderr)
@@ -217,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_index is not None:
         return run_one(plan, args.run_index)
 
+    if args.worker:  # one of --workers' processes: the parent wrote the plan, shows progress and builds the report
+        return _work(plan)
     if args.dry_run:  # writes nothing: a smaller grid under an existing sweep's name must not replace its plan
         for run in plan.runs:
             print(f"{run.index:>3} {run.name}  study fit {' '.join(run.args)}")
@@ -235,6 +251,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _work(plan: Plan) -> int:
+    """A `--workers` process: train every run it can lock, one after another; exit 2 when the source changes."""
+    watch = SourceWatch([plan.base])
+    todo = [r for r in plan.runs if not done(r)]
+    try:
+        run_in_process(todo, SweepProgress(len(todo)), quiet=True, watch=watch)
+    except SourceChanged as changed:
+        print(f"study sweep {plan.name} (worker): stopped: {changed}", file=sys.stderr, flush=True)
+        return 2
+    states = [(read_status(r.dir) or {}).get("state") for r in todo]
+    return 0 if all(s in FINAL_STATES for s in states if s is not None) else 1
+
+
 def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
     """The pretraining, the runs and the frozen-model steps of a checked plan, then the report; the exit code.
     The source hash is taken here and watched to the end (`study.sweep.source`)."""
@@ -248,14 +277,15 @@ def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
         f"study sweep {plan.name}: {len(plan.runs)} runs ({len(plan.runs) - len(todo)} already done)"
         + (", pretraining first" if pretrain_todo else (", pretrained model cached" if plan.pretrain else ""))
         + f" -> {plan.sweep_dir}"
-        + (f"; {args.parallel} at a time" if args.parallel > 1 else ""),
+        + (f"; {args.parallel} at a time" if args.parallel > 1 else "")
+        + (f"; {args.workers} worker processes" if args.workers > 1 else ""),
         flush=True,
     )
     estimate = None
     if (todo or pretrain_todo) and not args.no_estimate:
         from study.sweep.estimate import estimate_time
 
-        estimate = estimate_time(plan, todo, pretrain_todo, args.parallel, quiet=not args.verbose,
+        estimate = estimate_time(plan, todo, pretrain_todo, max(args.parallel, args.workers), quiet=not args.verbose,
                                  subprocesses=subprocess_mode)
     start = time.perf_counter()
     if plan.pretrain is not None:
@@ -274,12 +304,14 @@ def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
     remaining_estimate = None
     if estimate is not None and todo:
         remaining_estimate = max(estimate - (time.perf_counter() - start), 0.0) * len(plan.runs) / len(todo)
-    progress = SweepProgress(len(plan.runs), args.parallel, remaining_estimate)
+    progress = SweepProgress(len(plan.runs), max(args.parallel, args.workers), remaining_estimate)
     for run in plan.runs:
         if run not in todo:
             progress.update(run, read_status(run.dir) or {}, skipped=True)
     outcomes: dict[str, bool | None] = {}
-    if subprocess_mode:
+    if args.workers > 1:
+        run_workers(plan, todo, args, passthrough, progress, watch)
+    elif subprocess_mode:
         # With several slots the frozen-model steps (independent of the runs) go first, beside the runs.
         steps = frozen_steps(plan) if args.parallel > 1 else []
         outcomes = run_pool(plan, todo, args, passthrough, progress, steps, watch)

@@ -1,5 +1,6 @@
-"""The runs of a sweep's plan: in this process or as a pool of subprocesses (`--parallel`), each under its run lock,
-with a progress line per run and the time left."""
+"""The runs of a sweep's plan: in this process, as a pool of subprocesses (`--parallel`, one process per run) or by
+worker processes that each train runs one after another (`--workers`), each run under its run lock, with a
+progress line per run and the time left."""
 
 from __future__ import annotations
 
@@ -35,11 +36,13 @@ from study.sweep.source import SourceChanged, SourceWatch
 
 # ---- one run as a subprocess ---------------------------------------------------------------------------------
 def run_command(
-    spec_path: Path, index: int | str, quick: bool, passthrough: list[str], save_dir: str | None,
+    spec_path: Path, index: int | str | None, quick: bool, passthrough: list[str], save_dir: str | None,
     threads: int | None = None,
 ) -> list[str]:
-    """The `study sweep --run-index` command of one run, with every option of this sweep that the run needs."""
-    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path), "--run-index", str(index)]
+    """The `study sweep --run-index` command of one run (``index`` None: the `--worker` command that trains every
+    run it can lock), with every option of this sweep that the run needs."""
+    cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path)]
+    cmd += ["--worker"] if index is None else ["--run-index", str(index)]
     if quick:
         cmd.append("--quick")
     if save_dir:
@@ -288,6 +291,74 @@ def failed_by(run: Run, err: OSError) -> dict[str, Any]:
               "index": run.index, "state": "failed", "reason": f"{type(err).__name__}: {err}", "ended": utc_now()}
     write_status(run.dir, status)
     return status
+
+
+def run_workers(
+    plan: Plan, todo: list[Run], args, passthrough: list[str], progress: SweepProgress,
+    watch: SourceWatch | None = None, poll_s: float = 1.0,
+) -> None:  # fmt: skip
+    """`--workers N`: N processes, each training the runs it can lock one after another in its own interpreter
+    (`run_in_process`), so the interpreter's start-up and imports are paid once per worker instead of once per
+    run. This process reports each run as its status file records its end, and stops the workers on a signal or a
+    change of the source. A worker's own output is ``<sweep>/workers/worker-<i>.log``."""
+    folder = plan.sweep_dir / "workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = run_command(plan.spec_path, None, plan.quick, passthrough, args.save_dir, args.threads)
+    launched_at = time.time()
+    jobs = []
+    for i in range(args.workers):
+        log = open_log(folder / f"worker-{i}.log")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log = log  # type: ignore[attr-defined]
+        jobs.append(proc)
+    pending = list(todo)
+    try:
+        with stopped_by_signals():
+            while pending:
+                time.sleep(poll_s)
+                pending = [run for run in pending if not _reported_end(run, launched_at, progress, watch)]
+                if all(proc.poll() is not None for proc in jobs):
+                    pending = [run for run in pending if not _reported_end(run, launched_at, progress, watch)]
+                    break
+                if watch is not None:
+                    watch.check("while the workers train")
+    except (Stopped, SourceChanged) as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGTERM
+        for proc in jobs:
+            _signal_job(proc, signum, group=True)
+        for proc in jobs:
+            proc.wait()
+        print(f"study sweep: stopped the {len(jobs)} workers ({'its source changed' if isinstance(stop, SourceChanged) else signal.Signals(signum).name}); "
+              "each recorded the run it was training; rerun the same command to resume", flush=True)
+        if isinstance(stop, SourceChanged):
+            raise
+        raise SystemExit(128 + signum) from None
+    finally:
+        for proc in jobs:
+            proc.wait()
+            proc.log.close()  # type: ignore[attr-defined]
+    failed = [i for i, proc in enumerate(jobs) if proc.returncode not in (0, 1)]
+    if failed:  # 1: a run of its own did not finish (recorded in its status); anything else stopped the worker
+        logs = ", ".join(str(folder / f"worker-{i}.log") for i in failed)
+        print(f"study sweep: worker(s) {failed} exited with codes {[jobs[i].returncode for i in failed]} "
+              f"(see {logs}); {len(pending)} run(s) left untrained", flush=True)
+
+
+def _reported_end(run: Run, since: float, progress: SweepProgress, watch: SourceWatch | None) -> bool:
+    """Whether a worker has ended ``run`` since ``since`` (its status file says so); if it has, report it."""
+    path = run.dir / "status.json"
+    try:
+        if path.stat().st_mtime < since:
+            return False
+    except OSError:
+        return False
+    status = read_status(run.dir) or {}
+    if status.get("state") in (None, "running"):
+        return False
+    progress.update(run, status)
+    if watch is not None:
+        watch.check_run(run.name, status)
+    return True
 
 
 def run_pool(

@@ -45,6 +45,10 @@ TRAIN_Z_LOSS = "train/z_loss"  # the auxiliary z-loss, mean (log Z)^2 (CausalLMM
 FIXED_BATCH_LOSS = "train/fixed_batch_loss"  # FixedBatchLoss: one held-out batch, the same at every step
 VAL_LOSS = "val/loss"
 VAL_PPL = "val/ppl"
+# NgramBaseline, at step 0: the held-out loss (nats, the targets of val/loss) of an add-one unigram and of an
+# interpolated absolute-discounting bigram fitted on the run's training tokens: what a model must beat to use context
+VAL_UNIGRAM_LOSS = "val/unigram_loss"
+VAL_BIGRAM_LOSS = "val/bigram_loss"
 
 
 # ---- attention monitors (AttentionEntropyMonitor, SelectionUniformityMonitor, AttentionJacobianMonitor) -------

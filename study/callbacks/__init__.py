@@ -10,6 +10,7 @@ Public API:
     EntropyCollapseAlert        warn (or stop) when a layer's normalised entropy collapses from its step-0 value
     BaselineValidation          a validation epoch at step 0: the model as loaded, under the new attention, before any step
     FixedBatchLoss              the loss on one held-out batch, the same at every logged step (spikes without noise)
+    NgramBaseline               held-out unigram and bigram losses of the run's own tokens at step 0 (beat to use context)
     AttentionMapMonitor         heatmaps of a fixed validation sample's attention
     NonFiniteGuard              stop (or skip the step) when the loss or gradients go NaN/inf
     NormalizerParameterMonitor  learnable normaliser parameters (SSMax s, entmax alpha) per layer
@@ -46,6 +47,7 @@ from study.callbacks.layers import MID
 from study.callbacks.layout import TensorBoardLayout, custom_scalars_layout
 from study.callbacks.logits import AttentionLogitMonitor
 from study.callbacks.maps import AttentionMapMonitor, draw_attention_map
+from study.callbacks.ngram import NgramBaseline, ngram_losses
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.callbacks.normalizer import NormalizerParameterMonitor, normalizer_parameters
 from study.callbacks.sinks import SINK_THRESHOLD, AttentionSinkMonitor
@@ -63,6 +65,7 @@ __all__ = [
     "Fp64GradientCheck",
     "FixedBatchLoss",
     "GradientNormMonitor",
+    "NgramBaseline",
     "NonFiniteGuard",
     "NormalizerParameterMonitor",
     "SelectionUniformityMonitor",
@@ -70,6 +73,7 @@ __all__ = [
     "TensorBoardLayout",
     "custom_scalars_layout",
     "draw_attention_map",
+    "ngram_losses",
     "normalizer_parameters",
     "reduce_sums",
 ]

@@ -33,7 +33,7 @@ demo: setup
 # The small GPT-2 pipeline, then the from-scratch learning-rate study's tiny version (every arm, the LR section).
 quick: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
-	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/scratch.yaml --quick --parallel 2
+	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/scratch.yaml --quick --workers 2
 
 # One pytest-xdist worker per core; a test file stays on one worker (its module fixtures are built once).
 # `make test` leaves out the tests marked slow (subprocess kills and resumes, DDP, torchrun, SLURM, the TensorBoard

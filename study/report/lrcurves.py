@@ -33,9 +33,11 @@ from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean
 from study.report.summary import Summary
 from study.report.table import table
 
-ARMS = ("softmax", "qk_norm", "init_scale")
-"""The from-scratch arms: T divides the logits; the same with QK-norm; T folded into the initial W_q, W_k."""
-ARM_LABELS = {"softmax": "softmax", "qk_norm": "softmax + QK-norm", "init_scale": "init-scale control"}
+ARMS = ("softmax", "qk_norm", "init_scale", "uniform")
+"""The from-scratch arms: T divides the logits; the same with QK-norm; T folded into the initial W_q, W_k; attention
+uniform over the visible keys (the control: what the model reaches without selecting positions)."""
+ARM_LABELS = {"softmax": "softmax", "qk_norm": "softmax + QK-norm", "init_scale": "init-scale control",
+              "uniform": "uniform attention"}
 FAMILY_SIZE = 6  # the judged statistics of docs/findings.md: 1, 2, 3a, 3b, 4a, 4b
 MIN_SEEDS = 3  # complete curves a per-seed interval needs
 MIN_DIVERGED = 5  # diverged runs finding 3b needs
@@ -413,6 +415,9 @@ def arm_of(summary: Summary) -> str:
         return "qk_norm"
     if (params.get("temperature_in") or (summary.run.setting("model.temperature_in") if summary.run else None)) == "init":
         return "init_scale"
+    normalizer = params.get("normalizer") or (summary.run.setting("model.attention.normalizer") if summary.run else None)
+    if normalizer == "uniform":
+        return "uniform"
     return "softmax"
 
 
@@ -598,6 +603,28 @@ def lr_tables(data: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def ngram_baselines(summaries: Sequence[Summary]) -> dict[str, float]:
+    """The held-out losses of the n-gram baselines (`NgramBaseline`): one value per baseline, the same in every
+    run that logged it (they share the tokenizer and the held-out set); {} when no run logged them."""
+    found: dict[str, float] = {}
+    for name, tag in (("unigram", tags.VAL_UNIGRAM_LOSS), ("bigram", tags.VAL_BIGRAM_LOSS)):
+        values = {round(v, 9) for s in summaries for _, v in _series(s, tag)}
+        if len(values) > 1:
+            raise ValueError(f"the runs logged {len(values)} different {tag} values ({sorted(values)[:3]}...): they "
+                             "did not share one tokenizer and held-out set, so no baseline is theirs")
+        if values:
+            found[name] = values.pop()
+    return found
+
+
+def baseline_lines(data: dict) -> list[str]:
+    baselines = data.get("baselines") or {}
+    if not baselines:
+        return []
+    said = ", ".join(f"{name} {fmt(value)}" for name, value in baselines.items())
+    return [f"Held-out loss of the n-gram baselines (same tokenizer and held-out targets as val/loss): {said} nats.", ""]
+
+
 @dataclass
 class LRSection:
     markdown: str
@@ -619,6 +646,7 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
             if caption:
                 figures[name] = caption
     data = {
+        "baselines": ngram_baselines(summaries),
         "grid": curves.grid,
         "temperatures": curves.temperatures,
         "family": {"size": family.size, "level": family.level},
@@ -626,10 +654,13 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
         "findings": [{**f.as_dict(), "value": f"{f.as_dict()['value']}{value_note}"} for f in found],
         "sensitivity": sensitivity_rows(curves),
         "curves": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed, "sensitivity": c.sensitivity(),
-                    "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss}
+                    "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss,
+                    # per run, so that a later analysis (the pooled page) can recompute any curve statistic
+                    "final_loss_by_lr": {str(lr): r.final_loss for lr, r in sorted(c.runs.items())},
+                    "nonfinite_by_lr": {str(lr): r.nonfinite for lr, r in sorted(c.runs.items())}}
                    for c in curves.complete.values()],
     }
-    parts = ["## Learning-rate curves (from scratch)", "", *lr_tables(data)]
+    parts = ["## Learning-rate curves (from scratch)", "", *baseline_lines(data), *lr_tables(data)]
     if curves.incomplete:
         parts += ["Incomplete curves (a learning rate missing; in no finding): "
                   + ", ".join(f"{ARM_LABELS.get(c.arm, c.arm)} T={fmt(c.temperature)} seed {c.seed}" for c in curves.incomplete), ""]

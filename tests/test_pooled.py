@@ -217,3 +217,15 @@ def test_cli_refuses_symlinked_outputs_and_a_sweep_folder_with_pool(tmp_path, ca
     assert not (out / "pooled.json").exists()
     with pytest.raises(PartError, match="symbolic link"):
         write_pooled([a], out)
+
+
+def test_parts_of_different_model_settings_are_refused_and_one_title_twice_is_told_apart(tmp_path):
+    a = read_part(write(tmp_path, {**part_json("a", divergence_at_one(range(3))), "model": "gpt2-small"}))
+    b = read_part(write(tmp_path, {**part_json("b", divergence_at_one(range(3))), "model": "gpt2-tiny"}))
+    with pytest.raises(PartError, match=r"b\.json: model 'gpt2-tiny' differs from .*a\.json's 'gpt2-small'"):
+        pool([a, b])
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    c = read_part(write(twin, {**part_json("a", divergence_at_one(range(3))), "model": "gpt2-small"}))
+    c.path = str(twin / "a-rerun.json")
+    assert [s.name for s in pool([a, c]).finding1.strata] == ["a (a)", "a (a-rerun)"]

@@ -38,7 +38,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -501,6 +501,8 @@ def pool(parts: Sequence[Part], earlier_looks: int = 3) -> PooledReport:
     if earlier_looks < 0:
         raise ValueError(f"earlier_looks={earlier_looks}: a count of earlier analyses is >= 0")
     low_t, source_hash = check_parts(parts)
+    names = Counter(p.name for p in parts)  # two parts of one title are told apart by their file names
+    parts = [replace(p, name=f"{p.name} ({Path(p.path).stem})") if names[p.name] > 1 else p for p in parts]
     looks = earlier_looks + 1
     family_size = len(JUDGED)
     alpha = (1 - CONFIDENCE) / (family_size * looks)

@@ -26,8 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="study report", description=study.report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("sweep_dir", help="a sweep folder, e.g. logs/default")
-    p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report)")
+    p.add_argument("sweep_dir", nargs="?", help="a sweep folder, e.g. logs/default")
+    p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report; required with --pool)")
+    p.add_argument("--pool", nargs="+", default=None, metavar="PART_JSON",
+                   help="instead of a sweep: pool the from-scratch replications' report JSONs (each a stratum) into "
+                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled)")
+    p.add_argument("--earlier-looks", type=int, default=3, metavar="N",
+                   help="with --pool: analyses of the from-scratch findings before this one (default 3)")
     p.add_argument("--numerics-check", default=None, metavar="OTHER_SWEEP_DIR",
                    help="the same sweep run on another numerics path (e.g. MKL_CBWR=COMPATIBLE, another thread count): "
                         "a claim whose verdict differs between the two is labelled numerically fragile")
@@ -35,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="pool runs that recorded different source hashes (refused by default); every finding row "
                    "they feed says so")
     args = p.parse_args(argv)
+    if args.pool is not None:
+        return pool_main(args)
+    if args.sweep_dir is None:
+        p.error("a sweep folder is required (or --pool PART_JSON ... --out DIR)")
     if not Path(args.sweep_dir).is_dir():
         print(f"study report: {args.sweep_dir} is not a folder", file=sys.stderr)
         return 2
@@ -56,4 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"study report: refused, nothing written: {err}", file=sys.stderr)
         return 2
     print(f"report: {path}")
+    return 0
+
+
+def pool_main(args: argparse.Namespace) -> int:
+    """`study report --pool PART.json ... --out DIR`: the pooled from-scratch page, or one line saying why not."""
+    from study.report.pooled import PartError, write_pooled
+
+    if args.sweep_dir is not None or args.out is None:
+        print("study report: --pool takes report JSONs and --out DIR, and no sweep folder; nothing written",
+              file=sys.stderr)
+        return 2
+    try:
+        path = write_pooled(args.pool, args.out, earlier_looks=args.earlier_looks)
+    except (PartError, ValueError) as err:
+        print(f"study report: refused, nothing written: {err}", file=sys.stderr)
+        return 2
+    print(f"pooled report: {path}")
     return 0

@@ -481,3 +481,46 @@ def test_every_built_in_registers_with_the_decorator_and_declares_its_options():
     assert dict(NORMALIZERS["entmax"].options) == {"alpha": 1.5}
     assert dict(NORMALIZERS["ssmax"].options) == {"ssmax_scale": 0.43}
     assert dict(NORMALIZERS["self_adjust"].options) == {"self_adjust_variant": "normalized"}
+
+
+# --- uniform: the control that reads no query or key ---------------------------------------------------------
+
+
+def test_uniform_attention_is_the_running_mean_of_the_values_and_reads_no_query_or_key():
+    q, k, v = (t.requires_grad_() for t in qkv(length=6))
+    out = attend(q, k, v, AttentionSpec(normalizer="uniform"))
+    running_mean = v.cumsum(dim=2) / torch.arange(1, 7, dtype=v.dtype).view(1, 1, -1, 1)  # causal: keys 0..t
+    torch.testing.assert_close(out, running_mean, atol=1e-6, rtol=1e-5)
+    out.square().sum().backward()
+    assert v.grad is not None and all(g is None or (g == 0).all() for g in (q.grad, k.grad))
+
+
+def test_uniform_attention_with_top_k_averages_the_selected_keys():
+    scores = torch.tensor([[[[3.0, 1.0, 2.0, 0.0]]]])
+    allowed = torch.tensor([[[[True, False, True, False]]]])  # the two highest-scoring keys, as top-2 selects
+    weights = build(AttentionSpec(normalizer="uniform"))(scores, allowed)
+    assert weights.tolist() == [[[[0.5, 0.0, 0.5, 0.0]]]]
+    empty = build(AttentionSpec(normalizer="uniform"))(scores, torch.zeros_like(allowed))
+    assert (empty == 0).all()  # a row with no allowed key: zeros, not NaN
+
+
+def test_uniform_attention_refuses_a_temperature_it_would_ignore():
+    with pytest.raises(ValueError, match=r"temperature=0\.1 has no effect with normalizer 'uniform'"):
+        AttentionSpec(normalizer="uniform", temperature=0.1)
+
+
+def test_uniform_attention_in_gpt2_changes_the_logits_and_keeps_causality():
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16)).eval()
+    with torch.no_grad():  # peaked softmax rows: at GPT-2's initial scale they are nearly uniform already
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(50.0)
+    ids = torch.randint(0, 50, (1, 8))
+    stock = model(ids).logits
+    uniform = copy.deepcopy(model)
+    apply_attention_spec(uniform, AttentionSpec(normalizer="uniform"))
+    logits = uniform(ids).logits
+    assert not torch.allclose(logits, stock, atol=1e-3)  # the stock model's weights are not uniform
+    changed = ids.clone()
+    changed[0, 5:] = (changed[0, 5:] + 1) % 50
+    torch.testing.assert_close(uniform(changed).logits[:, :5], logits[:, :5])

@@ -52,7 +52,6 @@ from study.report.lrcurves import ARMS, REFERENCE_T, Curve, LRRun, sign_test
 from study.report.stats import CONFIDENCE, Family, Interval, TooFew, family_level, fmt, mean_interval, percent
 from study.report.table import table
 
-POOLED_ARMS = (*ARMS, "uniform")  # "uniform": attention uniform over the visible keys (T = 1 only)
 WORTSMAN_RANGE = (3e-4, 3e-1)  # the LR range of Wortsman et al. 2023, where finding 1 is now measured
 JUDGED = ("1", "2")  # the family: the baselines are a design check, outside it
 MIN_SEEDS = 3
@@ -127,8 +126,8 @@ def _curve(entry: Any, grid: list[float], path: Path, where: str) -> Curve:
     for key in ("temperature", "arm", "seed", "init_loss"):
         if key not in entry:
             raise _fail(path, f"{where}.{key}", "missing")
-    if entry["arm"] not in POOLED_ARMS:
-        raise _fail(path, f"{where}.arm", f"{entry['arm']!r} is not one of {', '.join(POOLED_ARMS)}")
+    if entry["arm"] not in ARMS:
+        raise _fail(path, f"{where}.arm", f"{entry['arm']!r} is not one of {', '.join(ARMS)}")
     t = _number(entry["temperature"], path, f"{where}.temperature")
     seed = int(_number(entry["seed"], path, f"{where}.seed"))
     l0 = _number(entry["init_loss"], path, f"{where}.init_loss", allow_none=True)
@@ -544,7 +543,8 @@ def _opening(r: PooledReport) -> str:
     margins = "; ".join(f"{b.baseline}: {_interval(b.interval)} nat over {b.n} seeds ({b.criterion})"
                         if b.interval else f"{b.baseline}: {b.criterion}" for b in r.baselines)
     return (
-        f"These are the {len(r.parts)} from-scratch replications pooled, each a stratum, the seed the unit. "
+        f"{len(r.parts)} part{'s' if len(r.parts) != 1 else ''} of the from-scratch study pooled, each a stratum, "
+        f"the seed the unit. "
         f"Finding 1, LR sensitivity measured over Wortsman et al.'s range only (LRs {_grid_text(f1.lr_range)}): "
         f"the slope of sensitivity against log10 T between T = {fmt(r.lowest_t)} and T = 1 is {seed} at the seed "
         f"level; {fixed}; {random}. Verdict: {f1.verdict}. Finding 2, the largest stable LR over the whole grid: "

@@ -139,3 +139,24 @@ def test_the_from_scratch_studys_page_is_its_committed_results(study):
     assert begin_marker(f"docs/results/{study}.json") in text and "#### Learning-rate curves (from scratch)" in text
     for figure in (f"{study}/lr_curves.png", f"{study}/lr_max_logit.png"):
         assert f"({figure})" in text and (page.parent / figure).stat().st_size > 1000
+
+
+def test_readme_from_scratch_sentence_is_the_pooled_page_opening():
+    """The README's from-scratch result is the pooled page's opening, generated (study report --pool), not typed."""
+    from study.report.readme import POOLED, POOLED_BEGIN, POOLED_END, pooled_opening
+
+    if not POOLED.is_file():
+        pytest.skip("docs/results/scratch-pooled/pooled.json is not committed yet")
+    lines = README.read_text().split("\n")
+    begin, end = lines.index(POOLED_BEGIN), lines.index(POOLED_END)
+    assert "\n".join(lines[begin + 1 : end]) == pooled_opening(POOLED)
+
+
+def test_the_pooled_block_is_replaced_and_refused_when_broken():
+    from study.report.readme import POOLED_BEGIN, POOLED_END, ReadmeError, splice_pooled
+
+    page = f"intro\n{POOLED_BEGIN}\nold sentence\n{POOLED_END}\nrest"
+    assert splice_pooled(page, "new sentence") == f"intro\n{POOLED_BEGIN}\nnew sentence\n{POOLED_END}\nrest"
+    assert splice_pooled("no block here", "x") == "no block here"
+    with pytest.raises(ReadmeError, match="exactly one"):
+        splice_pooled(page + f"\n{POOLED_END}", "x")

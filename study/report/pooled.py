@@ -81,6 +81,12 @@ class Part:
     findings: dict[str, dict[str, Any]]  # the part's own verdicts by key ("3a", ...)
     origin: dict[str, Any] | None  # the report's `origin` (study.report.origin.origin_json), None if absent
     model: dict[str, Any] = field(default_factory=dict)  # MODEL_FIELDS path -> value, where recorded
+    numerics_check: dict[str, Any] | None = None  # the part's `study report --numerics-check` record, if any
+
+    @property
+    def machines(self) -> list[str]:
+        """The machine lines its runs recorded (CPU, kernels, threads; `study.provenance`)."""
+        return sorted((self.origin or {}).get("machines") or {})
 
     @property
     def source_hashes(self) -> list[str]:
@@ -177,7 +183,8 @@ def read_part(path: str | Path) -> Part:
     model = {".".join(keys): value for keys in MODEL_FIELDS if (value := _lookup(data, keys)) is not None}
     origin = data.get("origin") if isinstance(data.get("origin"), dict) else None
     name = str(data.get("title") or data.get("source") or path.stem)
-    return Part(name, str(path), grid, curves, baselines, findings, origin, model)
+    check = data.get("numerics_check") if isinstance(data.get("numerics_check"), dict) else None
+    return Part(name, str(path), grid, curves, baselines, findings, origin, model, check)
 
 
 def _lookup(data: dict, keys: Sequence[str]) -> Any:
@@ -488,9 +495,11 @@ class PooledReport:
     baselines: list[BaselineMargin]
     no_stable_seeds: list[str]
     mechanism: list[dict[str, Any]]  # per part: key -> {"verdict", "value"} of 3a, 3b, 4a, 4b
+    machines: list[str]  # every machine line the parts' runs recorded
+    numerics_checked: list[str]  # the parts whose report compared a second numerics path
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "opening": _opening(self)}  # the page's opening, also the README's sentence
 
 
 def pool(parts: Sequence[Part], earlier_looks: int = 3) -> PooledReport:
@@ -517,6 +526,8 @@ def pool(parts: Sequence[Part], earlier_looks: int = 3) -> PooledReport:
         finding1_old=sensitivity_finding(parts, low_t, None, level, judged=False),
         finding2=stable_lr_finding(parts, low_t, alpha),
         baselines=baselines, no_stable_seeds=no_stable, mechanism=mechanism,
+        machines=sorted({m for p in parts for m in p.machines}),
+        numerics_checked=[p.name for p in parts if p.numerics_check],
     )
 
 
@@ -553,8 +564,19 @@ def _opening(r: PooledReport) -> str:
         f"({r.looks - 1} earlier analyses of the same claims), so each is judged at alpha = 0.05 / ({r.family_size} "
         f"findings x {r.looks} looks) = {fmt(r.alpha)}, intervals at {percent(r.level)}. Does the model attend? "
         f"Softmax's best held-out loss at T = 1 against each baseline, margin = baseline - softmax (a design check "
-        f"at 95%, outside the family; criterion: the interval's lower end >= {MARGIN_NAT} nat): {margins}."
+        f"at 95%, outside the family; criterion: the interval's lower end >= {MARGIN_NAT} nat): {margins}. "
+        + _numerics_sentence(r)
     )
+
+
+def _numerics_sentence(r: PooledReport) -> str:
+    where = f" ({'; '.join(r.machines)})" if r.machines else ""
+    if not r.numerics_checked:
+        return (f"No second numerics path was compared: these verdicts are one machine's kernels and thread count"
+                f"{where}; a divergence at one learning rate can go the other way on another CPU's kernels.")
+    missing = [p["name"] for p in r.parts if p["name"] not in r.numerics_checked]
+    return (f"Parts compared on a second numerics path: {', '.join(r.numerics_checked)}"
+            + (f"; not compared: {', '.join(missing)}" if missing else "") + f"{where}.")
 
 
 def _stratum_rows(f: SensitivityFinding, f2: StableLRFinding | None) -> list[list[str]]:

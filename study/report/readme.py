@@ -3,6 +3,9 @@
     python scripts/readme_results.py            # docs/results/main.json -> the table between the markers in README.md
     python scripts/readme_results.py --check    # exit 1 when README.md and the JSON differ (tests/test_report_readme.py)
 
+The README's from-scratch sentence is the pooled page's opening (`study report --pool`), written between
+`POOLED_BEGIN` and `POOLED_END` from docs/results/scratch-pooled/pooled.json by the same script.
+
 The main job's report.json (`make demo` writes logs/default/report/report.json) is committed as
 docs/results/main.json; this module replaces what lies between `BEGIN` and `END` in README.md with the scorecard
 rendered from it by the same code as report.md's (`study.report.scorecard.scorecard_markdown`).
@@ -27,6 +30,10 @@ MARKER = "<!-- scorecard: written by scripts/readme_results.py from "  # then th
 MARKER_END = "; do not edit by hand -->"
 BEGIN = f"{MARKER}docs/results/main.json{MARKER_END}"  # the README's: the main job's report
 END = "<!-- /scorecard -->"
+POOLED = ROOT / "docs" / "results" / "scratch-pooled" / "pooled.json"
+POOLED_BEGIN = ("<!-- pooled: written by scripts/readme_results.py from docs/results/scratch-pooled/pooled.json; do not "
+                "edit by hand -->")
+POOLED_END = "<!-- /pooled -->"
 REQUIRED = ("schema", "title", "runs", "family", "scorecard")
 
 
@@ -84,6 +91,31 @@ def splice(text: str, block: str, name: str = "README.md", source: str = "docs/r
     return "\n".join([*head, begin_marker(source), block, END, *tail])
 
 
+def pooled_opening(path: Path = POOLED) -> str:
+    """The pooled from-scratch page's opening paragraph, as `study.report.pooled` wrote it into its JSON."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ReadmeError(f"{path}: not a readable pooled JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("opening"), str):
+        raise ReadmeError(f"{path}: has no 'opening' text (written by `study report --pool`)")
+    return data["opening"]
+
+
+def splice_pooled(text: str, opening: str, name: str = "README.md") -> str:
+    """`text` with the lines between `POOLED_BEGIN` and `POOLED_END` replaced by ``opening``; unchanged when the page
+    has no such block."""
+    lines = text.split("\n")
+    if POOLED_BEGIN not in lines and POOLED_END not in lines:
+        return text
+    if lines.count(POOLED_BEGIN) != 1 or lines.count(POOLED_END) != 1:
+        raise ReadmeError(f"{name}: needs exactly one {POOLED_BEGIN!r} and one {POOLED_END!r} line")
+    begin, end = lines.index(POOLED_BEGIN), lines.index(POOLED_END)
+    if end < begin:
+        raise ReadmeError(f"{name}: {POOLED_END!r} comes before {POOLED_BEGIN!r}")
+    return "\n".join([*lines[: begin + 1], opening, *lines[end:]])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="readme_results.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -98,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         resolved = args.json.resolve()
         source = resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else str(args.json)
         new = splice(text, render(data, source), args.readme.name, source)
+        if POOLED.is_file():
+            new = splice_pooled(new, pooled_opening(POOLED), args.readme.name)
     except (ReadmeError, OSError) as err:
         print(f"readme_results: {err}", file=sys.stderr)
         return 2

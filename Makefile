@@ -30,10 +30,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --parallel 2
 
-# The small GPT-2 pipeline, then the from-scratch learning-rate study's tiny version (every arm, the LR section).
+# The small GPT-2 pipeline, then the from-scratch learning-rate study's tiny version (every arm, the LR section,
+# the baselines) and its pooled page (one part: the pipeline, not a verdict).
 quick: setup
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/default.yaml --quick
 	$(OFFLINE) $(BIN)/study sweep --config configs/sweeps/scratch.yaml --quick --workers 2
+	$(OFFLINE) $(BIN)/study report --pool logs/scratch-quick/report/report.json --out logs/scratch-quick/pooled
 
 # One pytest-xdist worker per core; a test file stays on one worker (its module fixtures are built once).
 # `make test` leaves out the tests marked slow (subprocess kills and resumes, DDP, torchrun, SLURM, the TensorBoard

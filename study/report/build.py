@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from study import tags
+from study.atomic import write_text_atomically
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report import origin as runs_origin
-from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import (
     Finding,

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from study.atomic import write_text_atomically
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
 from study.sweep.config import Plan, SweepConfigError, build_plan
@@ -239,9 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(plan.runs)} runs; nothing written (a sweep writes its plan to {plan.sweep_dir / 'plan.json'})")
         return 0
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
-    tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
-    tmp.replace(plan.sweep_dir / "plan.json")
+    # several workers may write it at once: each whole, under a name of its own
+    write_text_atomically(plan.sweep_dir / "plan.json", json.dumps(plan.as_dict(), indent=2, default=str))
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
 
     try:

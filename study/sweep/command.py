@@ -148,6 +148,7 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
     report, report_failed, then = None, None, "once there is room"
     if plan.report and not args.no_report:
         from study.report import build_report
+        from study.report.build import ReportRefused
         from study.report.origin import ALLOW_OPTION, MixedSources
 
         try:
@@ -156,6 +157,8 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             report_failed = f"{type(err).__name__}: {err}"
         except MixedSources as err:  # runs done before a change of the code, beside this sweep's
             report_failed, then = f"refused: {err}", f"{ALLOW_OPTION} to pool them anyway"
+        except ReportRefused as err:  # a link planted out of the sweep while it ran
+            report_failed, then = f"refused: {err}", "once it is removed"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
         + (f"; report: {report}" if report else "")

@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 from typing_extensions import override
 
 from study import provenance, tags
+from study.atomic import create_folder_exclusively
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
@@ -94,9 +96,9 @@ class VerifiedCheckpointIO(CheckpointIO):
 
     Load: the file is verified first (`study.checkpoints.checkpoint_problem`: every record's CRC-32, data only) and
     read with `weights_only=True` whatever the caller or the environment asked for, so `--ckpt_path last` (a keyword
-    Lightning resolves to a file only here) gets the same check as a named file. Save: written beside the target and
-    renamed over it once flushed to disk, so a kill or a full disk during the write leaves the previous checkpoint
-    whole instead of a truncated one.
+    Lightning resolves to a file only here) gets the same check as a named file. Save: written in a folder of its
+    own beside the target and renamed over it once flushed to disk, so a kill or a full disk during the write
+    leaves the previous checkpoint whole instead of a truncated one, and no link planted beside it is followed.
     """
 
     def __init__(self, inner: CheckpointIO) -> None:
@@ -109,14 +111,18 @@ class VerifiedCheckpointIO(CheckpointIO):
             self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        # A folder of its own, created by this call, holds the file while it is written: the inner writer opens it
+        # by name (and fsspec moves a temporary file from /tmp onto it, a copy when /tmp is another file system),
+        # so a predictable name beside the target would be written through any link planted there.
+        aside = create_folder_exclusively(target.parent, target.name)
         try:
+            tmp = aside / target.name
             self.inner.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
             with open(tmp, "rb") as written:
                 os.fsync(written.fileno())
             os.replace(tmp, target)
         finally:
-            tmp.unlink(missing_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:

@@ -23,7 +23,6 @@ Jacobian on validation, and the last training step's loss and gradient norms (HP
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from tensorboard.plugins.hparams.metadata import (
 )
 
 from study import tags
+from study.atomic import write_text_atomically
 
 STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer", "qk_norm"))
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
@@ -192,9 +192,7 @@ def write_experiment(
         "metrics": dict(metrics) if isinstance(metrics, Mapping) else {m: "" for m in metrics},
         "description": description,
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(declaration, indent=1))
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps(declaration, indent=1))
     return path
 
 

@@ -18,6 +18,7 @@ LAYERS: dict[str, int] = {
     "study.errors": 0,
     "study.checkpoints": 0,
     "study.cachefolder": 0,
+    "study.atomic": 0,
     "study.resident": 0,
     "study.attention": 1,
     "study.metrics": 1,

@@ -6,11 +6,11 @@ import errno
 
 import pytest
 
-from study.report.atomic import write_atomically, write_text_atomically
+from study.atomic import write_atomically, write_text_atomically
 
 
-def _full(tmp):
-    tmp.write_bytes(b"")  # what matplotlib leaves when its first write fails
+def _full(f):
+    f.write(b"")  # what matplotlib leaves when its first write fails
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
@@ -37,8 +37,8 @@ def test_a_figure_that_cannot_be_written_leaves_no_png(tmp_path, monkeypatch):
 
     from study.report import figures
 
-    def savefig(self, path, **kwargs):
-        _full(path)
+    def savefig(self, f, **kwargs):
+        _full(f)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     fig = plt.figure()

@@ -38,7 +38,7 @@ def test_a_status_that_cannot_be_written_does_not_stop_the_sweep(tmp_path, monke
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(sweep_run, "write_text_atomically", full)
     sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "running"})
     assert not (tmp_path / "run" / "status.json").exists()
     err = capsys.readouterr().err
@@ -47,7 +47,7 @@ def test_a_status_that_cannot_be_written_does_not_stop_the_sweep(tmp_path, monke
     # with a status there, the compact record is written in place
     monkeypatch.undo()
     (tmp_path / "run" / "status.json").write_text(json.dumps({"name": "run", "state": "running", "args": ["x"] * 50}))
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(sweep_run, "write_text_atomically", full)
     sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "failed", "reason": "disk full"})
     assert status(tmp_path / "run")["state"] == "failed" and capsys.readouterr().err == ""
 
@@ -176,7 +176,7 @@ def test_a_status_that_cannot_be_written_while_the_log_is_on_the_full_disk_does_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with sweep_run.run_console(Path("/dev/full")):
-        monkeypatch.setattr(Path, "write_text", full)
+        monkeypatch.setattr(sweep_run, "write_text_atomically", full)
         sweep_run.write_status(tmp_path / "run", {"name": "run", "state": "failed"})
     monkeypatch.undo()
     assert not (tmp_path / "run" / "status.json").exists()

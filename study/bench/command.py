@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from study.atomic import write_text_atomically
 from study.bench.markdown import to_markdown, write
 from study.bench.shapes import GPU_SUITE, H100_BF16_PEAK_FLOPS, SHAPES, Settings
 from study.bench.suite import run_benchmark
@@ -104,8 +105,8 @@ def run_lengths(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     markdown = lengths_markdown(result)
-    (out / "lengths.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "lengths.md").write_text(markdown + "\n")
+    write_text_atomically(out / "lengths.json", json.dumps(result, indent=1) + "\n")
+    write_text_atomically(out / "lengths.md", markdown + "\n")
     print(markdown)
     print(f"[bench] wrote {out / 'lengths.json'} and {out / 'lengths.md'}")
     return 0

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from study.atomic import write_text_atomically
 from study.bench.budgets import ratio_or_none
 
 
@@ -84,8 +85,8 @@ def write(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench.json", out / "bench.md"
-    json_path.write_text(json.dumps(result, indent=2, default=lambda o: None if isinstance(o, float) and not
-                                    math.isfinite(o) else str(o)) + "\n")
-    md_path.write_text(to_markdown(result))
+    write_text_atomically(json_path, json.dumps(result, indent=2, default=lambda o: None if isinstance(o, float)
+                                                and not math.isfinite(o) else str(o)) + "\n")
+    write_text_atomically(md_path, to_markdown(result))
     return json_path, md_path
 

@@ -8,15 +8,23 @@ The concerns live in their own modules: `read` (event files and status), `summar
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from study import tags
+from study.atomic import (
+    create_folder_exclusively,
+    links_refused,
+    os_error_within,
+    replace_folder,
+    write_text_atomically,
+)
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report import origin as runs_origin
-from study.report.atomic import write_text_atomically
 from study.report.figures import figures, normalizers
 from study.report.findings import (
     Finding,
@@ -317,16 +325,52 @@ def sweep_origin(sweep_dir: Path, runs: list, allow_mixed_sources: bool) -> runs
     return found
 
 
+class ReportRefused(ValueError):
+    """The report cannot be written without writing outside its folder or over files that are not a report's."""
+
+
+# What a report folder holds (`build_report` writes nothing else), and the hidden temporary files of a killed write
+REPORT_FILES = ("report.md", "report.json", "*.png", "events.out.tfevents.*", ".*.tmp*")
+
+
+def output_refused(sweep_dir: Path, out: Path) -> str | None:
+    """Why the report of ``sweep_dir`` may not be written to ``out`` (one line), or None: a link out of the sweep
+    folder or out of ``out``, ``out`` itself a link, or files in ``out`` that the report would replace but did not
+    write (the report replaces its folder as a whole, so a link that stays inside is replaced, never followed)."""
+    if refused := links_refused(sweep_dir):
+        return refused
+    if out.is_symlink():
+        return f"{out} is a link: the report replaces its folder as a whole; give the folder it leads to"
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"{out} is not a folder"
+    # links inside the sweep folder were checked above; an --out elsewhere is checked as the sweep folder is
+    if not out.resolve().is_relative_to(sweep_dir.resolve()) and (refused := links_refused(out)):
+        return refused
+    others = sorted(
+        p.name for p in out.iterdir() if not p.is_file() or not any(fnmatch(p.name, f) for f in REPORT_FILES)
+    )
+    if others:
+        return (f"{out} holds {others[0]}, which no report writes: the report replaces the folder as a whole; "
+                "give an empty or new folder")
+    return None
+
+
 def build_report(
     sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed_sources: bool = False,
     numerics_check: str | Path | None = None,
 ) -> Path:  # fmt: skip
-    """Write report.md, report.json and the figures of a sweep's runs into ``out_dir`` (default: <sweep>/report);
+    """Write report.md, report.json and the figures of a sweep's runs into ``out_dir`` (default: <sweep>/report),
+    built whole in a folder beside it and swapped in, so a kill or a full disk leaves the previous report as it was;
+    `ReportRefused` (nothing written) for a link out of the sweep or of ``out_dir`` (`output_refused`);
     `MixedSources` (nothing written) when the runs recorded different source hashes and ``allow_mixed_sources`` is
     False. With ``numerics_check``, a second sweep folder of the same design and source run on another numerics
     path: every verdict is compared with it (`judged_on_two_paths`)."""
     sweep_dir = Path(sweep_dir)
-    out = Path(out_dir) if out_dir else sweep_dir / "report"
+    final = Path(out_dir) if out_dir else sweep_dir / "report"
+    if refused := output_refused(sweep_dir, final):
+        raise ReportRefused(refused)
     plan, runs, all_runs, not_counted, primary, mine = read_sweep(sweep_dir)
     origin = sweep_origin(sweep_dir, runs, allow_mixed_sources)
     check = None
@@ -341,7 +385,29 @@ def build_report(
         check["origin"] = runs_origin.origin_json(other_origin)
     else:
         judgement = judged(primary, mine.probe, mine.analysis)
-    out.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = create_folder_exclusively(final.parent, final.name)  # built whole here, then swapped in
+    try:
+        path = _write_report(
+            out, sweep_dir, plan, runs, all_runs, not_counted, primary, mine, origin, judgement, check,
+        )  # fmt: skip
+        replace_folder(out, final)
+    except BaseException as err:
+        shutil.rmtree(out, ignore_errors=True)
+        found = os_error_within(err)
+        if found is not None and found.filename and Path(found.filename).is_relative_to(out):
+            # the file as the user will look for it, not its name in the folder that was being built
+            raise OSError(found.errno, found.strerror, str(final / Path(found.filename).relative_to(out))) from err
+        raise
+    return final / path.name
+
+
+def _write_report(
+    out: Path, sweep_dir: Path, plan: dict, runs: list, all_runs: list[Summary], not_counted: list[Summary],
+    primary: list[Summary], mine: Sweep, origin: runs_origin.Origin, judgement: tuple[list[Finding], Family],
+    check: dict | None,
+) -> Path:  # fmt: skip
+    """Every file of the report, written into the empty folder ``out``; returns report.md's path."""
     made = figures(primary, out) if primary else {}
     if len({s.normalizer for s in all_runs}) > 1:
         made["normalizers.png"] = normalizers(all_runs, out)

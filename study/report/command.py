@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from study.report.build import build_report
+from study.report.build import ReportRefused, build_report
 from study.report.origin import ALLOW_OPTION, MixedSources
 
 
@@ -61,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build_report(args.sweep_dir, out_dir=args.out, allow_mixed_sources=args.allow_mixed_sources,
                             numerics_check=args.numerics_check)
-    except MixedSources as err:
+    except (MixedSources, ReportRefused) as err:
         print(f"study report: refused, nothing written: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk: the file and the system's reason, and the previous report stands
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"study report: could not write {where}{err.strerror or err}; the previous report is left as it was",
+              file=sys.stderr)
+        return 1
     print(f"report: {path}")
     return 0
 

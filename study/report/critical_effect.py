@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from study.report.atomic import write_atomically
+from study.atomic import save_figure
 from study.report.stats import CONFIDENCE, Interval, TooFew, fmt, mean_interval, percent
 from study.report.table import table
 
@@ -174,7 +174,7 @@ def draw(results: dict | None, out: Path) -> list[str]:
         fig.suptitle(f"Theorem 1 as an effect size, L = {curve['length']} ({curve['heads']} heads)")
         fig.tight_layout()
         name = figure_name(curve["length"])
-        write_atomically(Path(out) / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=90))  # never a half-written PNG
+        save_figure(fig, Path(out) / name, dpi=90)
         plt.close(fig)
         names.append(name)
     return names

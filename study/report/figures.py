@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from study import tags
+from study.atomic import save_figure
 from study.report import sources
 from study.report import summary as S
-from study.report.atomic import write_atomically
 from study.report.findings import ONE_OVER_T, k_all, layer_slopes, main_arm, per_t
 from study.report.stats import fmt
 from study.report.summary import Summary
@@ -59,7 +59,7 @@ def drawn(runs: list[Summary]) -> str:
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     try:
-        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=90))  # never a half-written PNG
+        save_figure(fig, path, dpi=90)
     finally:
         _plt().close(fig)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from study import tags
+from study.atomic import save_figure
 from study.report import summary as S
-from study.report.atomic import write_atomically
 from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean_interval, percent
 from study.report.summary import Summary
 from study.report.table import table
@@ -535,7 +535,7 @@ def draw_lr_curves(curves: Curves, out: Path) -> str | None:
     axes[0][0].set_ylabel("final held-out loss (diverged = loss at init)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    write_atomically(out / "lr_curves.png", lambda tmp: fig.savefig(tmp, dpi=120))  # never a half-written PNG
+    save_figure(fig, out / "lr_curves.png", dpi=120)
     plt.close(fig)
     return "Final held-out loss against learning rate, per arm and T (mean over seeds, 95% band; dotted: loss at init)"
 
@@ -570,7 +570,7 @@ def draw_max_logit(curves: Curves, out: Path) -> str | None:
     ax.set_ylabel("max attention logit (l / T)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    write_atomically(out / "lr_max_logit.png", lambda tmp: fig.savefig(tmp, dpi=120))  # never a half-written PNG
+    save_figure(fig, out / "lr_max_logit.png", dpi=120)
     plt.close(fig)
     return "Max attention logit against step: the highest stable (solid) and lowest unstable (dashed) LR per T"
 

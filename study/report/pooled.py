@@ -46,8 +46,8 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from study import provenance
+from study.atomic import write_text_atomically
 from study.errors import ConfigError
-from study.report.atomic import write_text_atomically
 from study.report.lrcurves import ARMS, REFERENCE_T, Curve, LRRun, sign_test
 from study.report.stats import CONFIDENCE, Family, Interval, TooFew, family_level, fmt, mean_interval, percent
 from study.report.table import table

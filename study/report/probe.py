@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.report.atomic import write_atomically
+from study.atomic import save_figure
 from study.report.stats import (
     INCONCLUSIVE,
     UNDERPOWERED,
@@ -208,7 +208,7 @@ def draw_layers(probe: dict, out: Path) -> str | None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     try:
-        write_atomically(out / FIGURE, lambda tmp: fig.savefig(tmp, dpi=90))  # never a half-written PNG
+        save_figure(fig, out / FIGURE, dpi=90)
     finally:
         plt.close(fig)
     return "Probe: gradient slope against T per layer and parameter type, and the single-layer test"

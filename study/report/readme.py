@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from study.atomic import write_text_atomically
 from study.report.lrcurves import lr_tables
 from study.report.markdown import plain_summary
 from study.report.scorecard import SCHEMA, scorecard_markdown
@@ -141,6 +142,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if new != text:
-        args.readme.write_text(new)
+        write_text_atomically(args.readme, new)
     print(f"readme_results: {args.readme} {'updated' if new != text else 'already up to date'} from {args.json}")
     return 0

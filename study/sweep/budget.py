@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from study.atomic import write_text_atomically
 from study.resident import command_peak
 
 
@@ -67,9 +68,9 @@ def run_main_job(spec: str, budget_gb: float, run_index: int, out: str) -> int:
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "python": platform.python_version()}
     result = {"spec": spec, "budget_gb": budget_gb, "machine": machine, "load_average": load, "rows": rows}
-    (out_dir / "main_job.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_text_atomically(out_dir / "main_job.json", json.dumps(result, indent=1) + "\n")
     markdown = main_job_markdown(result)
-    (out_dir / "main_job.md").write_text(markdown)
+    write_text_atomically(out_dir / "main_job.md", markdown)
     print(markdown)
     return 0 if all(r["verdict"] == "PASS" for r in rows) else 1
 

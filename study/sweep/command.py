@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from study.atomic import write_text_atomically
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
 from study.sweep.config import Plan, SweepConfigError, build_plan
@@ -147,6 +148,7 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
     report, report_failed, then = None, None, "once there is room"
     if plan.report and not args.no_report:
         from study.report import build_report
+        from study.report.build import ReportRefused
         from study.report.origin import ALLOW_OPTION, MixedSources
 
         try:
@@ -155,6 +157,8 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             report_failed = f"{type(err).__name__}: {err}"
         except MixedSources as err:  # runs done before a change of the code, beside this sweep's
             report_failed, then = f"refused: {err}", f"{ALLOW_OPTION} to pool them anyway"
+        except ReportRefused as err:  # a link planted out of the sweep while it ran
+            report_failed, then = f"refused: {err}", "once it is removed"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
         + (f"; report: {report}" if report else "")
@@ -239,9 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(plan.runs)} runs; nothing written (a sweep writes its plan to {plan.sweep_dir / 'plan.json'})")
         return 0
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    tmp = plan.sweep_dir / f".plan.json.{os.getpid()}"  # several workers may write it at once: atomically
-    tmp.write_text(json.dumps(plan.as_dict(), indent=2, default=str))
-    tmp.replace(plan.sweep_dir / "plan.json")
+    # several workers may write it at once: each whole, under a name of its own
+    write_text_atomically(plan.sweep_dir / "plan.json", json.dumps(plan.as_dict(), indent=2, default=str))
     write_experiment(plan.sweep_dir, plan.hparams_domains(), HPARAMS_METRICS, description=f"study sweep {plan.name}")
 
     try:

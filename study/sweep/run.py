@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from study import tags
+from study.atomic import links_out_of, write_text_atomically
 from study.checkpoints import checkpoint_step
 from study.errors import one_line
 from study.report.read import RESULT_STATES, dotted_get, read_json, read_scalars
@@ -54,14 +55,10 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     if not is_rank_zero():
         return
     run_dir = Path(run_dir)
-    tmp = run_dir / f".{STATUS_FILE}.tmp"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(status, indent=2, default=str))
-        tmp.replace(run_dir / STATUS_FILE)
+        write_text_atomically(run_dir / STATUS_FILE, json.dumps(status, indent=2, default=str))
     except OSError as first:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         compact = {k: status.get(k) for k in ("name", "index", "fingerprint", "state", "reason", "attempts")}
         data = json.dumps(compact, default=str).encode()
         try:
@@ -94,9 +91,8 @@ def write_settings(run: Run) -> None:
     status.json and before it trains: a damaged status.json must not let it resume under other settings."""
     if not is_rank_zero():
         return
-    tmp = run.dir / f".{SETTINGS_FILE}.tmp"
-    tmp.write_text(json.dumps({"name": run.name, "fingerprint": run.fingerprint, "depends": run.depends}, indent=1))
-    tmp.replace(run.dir / SETTINGS_FILE)
+    record = {"name": run.name, "fingerprint": run.fingerprint, "depends": run.depends}
+    write_text_atomically(run.dir / SETTINGS_FILE, json.dumps(record, indent=1))
 
 
 def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
@@ -108,26 +104,6 @@ def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
         if record and record.get("fingerprint"):
             return record
     return None
-
-
-def links_out_of(folder: Path) -> list[Path]:
-    """The symbolic links inside ``folder`` (at any depth, not followed) that lead out of it or nowhere: a planted
-    `run.lock`, `sweep.log` or `checkpoints` link would make the sweep truncate, append to or write files outside
-    save_dir. The folder itself and its parents may be links (logs on a scratch disk); links that stay inside it
-    (Lightning's `save_last: link`) are fine."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    root = folder.resolve()
-    found = []
-    for parent, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, not entered
-        for name in (*dirs, *files):
-            path = Path(parent) / name
-            if path.is_symlink():
-                target = path.resolve()
-                if not target.exists() or not target.is_relative_to(root):
-                    found.append(path)
-    return sorted(found)
 
 
 def done(run: Run) -> bool:
@@ -450,7 +426,7 @@ def execute_run(run: Run, is_pretrain: bool = False) -> dict[str, Any]:
         status.update(state="failed", reason=f"{type(err).__name__}: {one_line(err)}")  # one line in the console
         if is_rank_zero():
             try:
-                (run.dir / "error.txt").write_text(traceback.format_exc())
+                write_text_atomically(run.dir / "error.txt", traceback.format_exc())
             except OSError:  # a full disk: the status (written in place) still says why
                 pass
     except BaseException as err:  # Ctrl-C (Lightning turns it into SystemExit(1)), SIGTERM: record, then stop

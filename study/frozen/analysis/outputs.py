@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
+
+from study.atomic import write_text_atomically
 
 from . import registry
 
@@ -18,15 +21,16 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     ch = results["choices"]
     paths = {"json": out / "results.json", "csv": out / "per_head.csv", "claims": out / "claims.md"}
-    paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False))
+    write_text_atomically(paths["json"], json.dumps(results, indent=1, allow_nan=False))
     ids = ch.get("layers") or list(range(results["model"]["layers"]))  # per-layer arrays are in this order
     chosen = registry.chosen(results)
 
-    with paths["csv"].open("w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(CSV_HEADER)
-        for analysis in chosen:
-            wr.writerows(analysis.csv_rows(results, ids))
+    rows = io.StringIO(newline="")
+    wr = csv.writer(rows)
+    wr.writerow(CSV_HEADER)
+    for analysis in chosen:
+        wr.writerows(analysis.csv_rows(results, ids))
+    write_text_atomically(paths["csv"], rows.getvalue())
 
     # Measurements beside the paper's values, not verdicts: claims are judged in one place, `study report`, by one
     # rule each, with intervals over text windows (docs/findings.md).
@@ -40,7 +44,7 @@ def write_outputs(results: dict, out_dir, *, figures: bool = True) -> dict:
         lines += ["", f"Pooled over {windows} text windows (results.json `source.windows`)."]
     lines += ["", "Measurements, not verdicts: `study report` judges these claims, each by one rule, with intervals "
               "over text windows (docs/findings.md, frozen-model findings)."]
-    paths["claims"].write_text("\n".join(lines) + "\n")
+    write_text_atomically(paths["claims"], "\n".join(lines) + "\n")
     if figures:
         for analysis in chosen:
             paths.update(analysis.figures(results, out))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from study.atomic import save_figure
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
@@ -39,6 +41,8 @@ def medians(per_layer: list) -> list[float]:
 
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    pyplot().close(fig)
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        pyplot().close(fig)
     return path

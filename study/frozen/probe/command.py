@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from study.atomic import links_refused, write_text_atomically
 from study.errors import ConfigError
 
 DEFAULT_TEMPERATURES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -286,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     from study.frozen.probe.writers import console_lines, write_figure, write_tensorboard
 
     args = build_parser().parse_args(argv)
+    if refused := links_refused(Path(args.out)):  # before the model is loaded: nothing is written through it
+        print(f"study probe: {refused}", file=sys.stderr)
+        return 2
     silence_library_notices()
     threads = torch.get_num_threads()
     try:
@@ -303,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)  # --threads is for this probe only (a sweep calls main in its own process)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "probe.json").write_text(json.dumps(report, indent=1))
+    write_text_atomically(out / "probe.json", json.dumps(report, indent=1))
     write_figure(report, out)
     if not args.no_tensorboard:
         write_tensorboard(report, out)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from study import tags
+from study.atomic import save_figure
 
 SCALAR_KEYS = ("attn_qk", "rest", "total", "embedding")
 JACOBIAN_KEYS = ("mean", "p10", "p50", "p90", "max", "frac_above_quarter_T", "frac_above_sqrt2", "entry_max_times_4T",
@@ -122,8 +123,10 @@ def write_figure(report: dict, out: Path) -> None:
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "probe.png", dpi=80)
-    plt.close(fig)
+    try:
+        save_figure(fig, out / "probe.png", dpi=80)
+    finally:
+        plt.close(fig)
 
 
 def fp32_over_fp64(result: dict) -> float | None:

@@ -258,7 +258,14 @@ class _ParseOnly(StudyCLI):
         return None
 
     def instantiate_classes(self) -> None:
-        return None
+        # The parser checks each value's type; the attention spec's own rules join values (the uniform
+        # normaliser refuses T != 1, top-k with a normaliser that cannot take it): checked here too, before any run.
+        from study.attention import AttentionSpec
+
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        attention = (config or {}).get("model", {}).get("attention") if config is not None else None
+        if attention is not None and not isinstance(attention, AttentionSpec):
+            AttentionSpec(**dict(attention))
 
 
 def check_fit_args(args: list[str]) -> str | None:

@@ -331,7 +331,8 @@ def lm_loss_and_z_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The causal-LM cross-entropy (as Hugging Face's ``labels=input_ids`` loss: every shifted position) and the
     z-loss mean(log Z)^2 over the positions that predict a next token (padded targets left out), from one fp32
-    log-softmax over the output logits.
+    log-softmax over the output logits. The targets are the ids themselves (no ignored label: Hugging Face's -100
+    cannot occur), as in `CausalLMModule.loss`.
 
     log Z is read back from the log-softmax at each row's largest logit (log Z = max - log p(argmax), where
     log p(argmax) lies in [-log V, 0], so no precision is lost); a separate logsumexp pass over the logits and its

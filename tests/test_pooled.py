@@ -45,16 +45,22 @@ def entry(t: float, arm: str, seed: int, diverge_from: float, floor: float = 4.0
             "nonfinite_by_lr": {str(lr): nonfinite[lr] for lr in GRID}}
 
 
+SETTINGS = {"model.n_layer": 2, "model.n_embd": 64, "data.vocab_size": 2048, "trainer.max_steps": 200}
+
+
 def part_json(name: str, curves: list[dict], source_hash: str | None = HASH, grid: list[float] = GRID,
-              baselines: dict | None = None) -> dict:
+              baselines: dict | None = None, settings: dict | None = None, commit: str = "96ad315a1b2c") -> dict:
     data = {"schema": 1, "title": name, "source": f"logs/{name}", "model": None,
             "lr_curves": {"grid": grid, "temperatures": sorted({c["temperature"] for c in curves}), "curves": curves,
+                          "settings": dict(settings or SETTINGS), "incomplete": [],
                           "findings": [{"key": k, "verdict": "inconclusive", "value": f"{name} {k} value"}
                                        for k in ("1", "2", "3a", "3b", "4a", "4b")]}}
     if baselines is not None:
         data["lr_curves"]["baselines"] = baselines
     if source_hash is not None:
-        data["origin"] = {"sources": {source_hash: len(curves)}, "mixed": False}
+        runs = len(curves) * len(grid)
+        data["origin"] = {"sources": {source_hash: runs}, "mixed": False, "commits": {commit: runs},
+                          "dirty_source_runs": 0, "machines": {"AMD EPYC, AVX512, 1 thread": runs}}
     return data
 
 
@@ -115,7 +121,7 @@ def test_finding1_over_wortsman_range_is_flat_when_only_lr_one_diverges(tmp_path
 def test_stratified_sign_test_sums_counts_over_strata(tmp_path):
     # part a: 4 seeds lower (0.3 vs 1), 1 tied; part b: 3 lower, 1 higher (1 vs 0.3)
     a = divergence_at_one(range(4)) + [entry(t, "softmax", 4, 3.0) for t in (0.03, 1.0)]
-    b = divergence_at_one(range(3)) + [entry(0.03, "softmax", 3, 3.0), entry(1.0, "softmax", 3, 1.0)]
+    b = divergence_at_one(range(10, 13)) + [entry(0.03, "softmax", 13, 3.0), entry(1.0, "softmax", 13, 1.0)]
     report = pool([read_part(write(tmp_path, part_json("a", a))), read_part(write(tmp_path, part_json("b", b)))])
     f2 = report.finding2
     assert [(s.lower, s.tied, s.higher) for s in f2.strata] == [(4, 1, 0), (3, 0, 1)]
@@ -164,13 +170,13 @@ def test_a_bad_part_is_refused_naming_file_and_field(tmp_path, breaks, field):
 
 def test_parts_of_different_source_hashes_or_grids_are_refused(tmp_path):
     a = read_part(write(tmp_path, part_json("a", divergence_at_one(range(3)))))
-    b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(3)), source_hash="sha256 fedcba9876543210")))
+    b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(10, 13)), source_hash="sha256 fedcba9876543210")))
     with pytest.raises(PartError, match=r"a\.json has sha256 0123456789abcdef, .*b\.json has sha256 fedcba9876543210"):
         pool([a, b])
     short = GRID[:-1]
     curves = [{**c, "final_loss_by_lr": {k: v for k, v in c["final_loss_by_lr"].items() if k != "3.0"},
                "nonfinite_by_lr": {k: v for k, v in c["nonfinite_by_lr"].items() if k != "3.0"}}
-              for c in divergence_at_one(range(3))]
+              for c in divergence_at_one(range(20, 23))]
     c = read_part(write(tmp_path, part_json("c", curves, grid=short)))
     with pytest.raises(PartError, match=r"c\.json: lr_curves\.grid .* differs from .*a\.json"):
         pool([a, c])
@@ -183,7 +189,7 @@ def test_page_and_cli_carry_the_json_numbers(tmp_path, capsys):
 
     a = write(tmp_path, part_json("a", wobbly(range(4), 0.02) + [entry(1.0, "uniform", s, 3.0, 4.5) for s in range(4)],
                                   baselines={"unigram": 7.5, "bigram": 5.0}))
-    b = write(tmp_path, part_json("b", wobbly(range(3), 0.1)))
+    b = write(tmp_path, part_json("b", wobbly(range(10, 13), 0.1)))
     out = tmp_path / "out"
     assert cli.main(["report", "--pool", str(a), str(b), "--out", str(out)]) == 0
     data = json.loads((out / "pooled.json").read_text())
@@ -219,13 +225,58 @@ def test_cli_refuses_symlinked_outputs_and_a_sweep_folder_with_pool(tmp_path, ca
         write_pooled([a], out)
 
 
-def test_parts_of_different_model_settings_are_refused_and_one_title_twice_is_told_apart(tmp_path):
-    a = read_part(write(tmp_path, {**part_json("a", divergence_at_one(range(3))), "model": "gpt2-small"}))
-    b = read_part(write(tmp_path, {**part_json("b", divergence_at_one(range(3))), "model": "gpt2-tiny"}))
-    with pytest.raises(PartError, match=r"b\.json: model 'gpt2-tiny' differs from .*a\.json's 'gpt2-small'"):
+def test_parts_of_different_settings_are_refused_and_one_title_twice_is_told_apart(tmp_path):
+    a = read_part(write(tmp_path, part_json("a", divergence_at_one(range(3)))))
+    b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(10, 13)),
+                                            settings={**SETTINGS, "model.n_layer": 4})))
+    with pytest.raises(PartError, match=r"b\.json: model\.n_layer 4 differs from .*a\.json's 2: not one experiment"):
         pool([a, b])
     twin = tmp_path / "twin"
     twin.mkdir()
-    c = read_part(write(twin, {**part_json("a", divergence_at_one(range(3))), "model": "gpt2-small"}))
+    c = read_part(write(twin, part_json("a", divergence_at_one(range(10, 13)))))
     c.path = str(twin / "a-rerun.json")
     assert [s.name for s in pool([a, c]).finding1.strata] == ["a (a)", "a (a-rerun)"]
+
+
+def test_a_seed_in_two_parts_is_refused(tmp_path):
+    a = read_part(write(tmp_path, part_json("a", divergence_at_one(range(5)))))
+    b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(4, 8)))))
+    with pytest.raises(PartError, match=r"seed 4 is in .*a\.json and in .*b\.json"):
+        pool([a, b])
+
+
+@pytest.mark.parametrize(("breaks", "field"), [
+    (lambda d: d.pop("origin"), r"origin: missing"),
+    (lambda d: d["origin"]["sources"].update({"unrecorded": 3}), r"origin\.sources: 3 run\(s\) recorded no source hash"),
+    (lambda d: d["origin"].update(dirty_source_runs=2), r"origin\.dirty_source_runs: 2 run\(s\)"),
+    (lambda d: d["origin"]["commits"].update({"abcdef012345": 1}), r"origin\.commits: expected the runs of one commit"),
+    (lambda d: d["lr_curves"].pop("settings"), r"lr_curves\.settings: missing"),
+    (lambda d: d["lr_curves"]["settings"].update({"model.n_layer": "mixed"}), r"lr_curves\.settings: its runs differ in model\.n_layer"),
+])  # fmt: skip
+def test_a_part_not_from_one_clean_commit_or_one_experiment_is_refused(tmp_path, breaks, field):
+    data = part_json("bad", divergence_at_one(range(3)))
+    breaks(data)
+    with pytest.raises(PartError, match=rf"bad\.json: {field}"):
+        read_part(write(tmp_path, data))
+
+
+def test_parts_of_two_commits_are_refused(tmp_path):
+    a = read_part(write(tmp_path, part_json("a", divergence_at_one(range(3)))))
+    b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(10, 13)), commit="0123456789ab")))
+    with pytest.raises(PartError, match="2 commits"):
+        pool([a, b])
+
+
+def test_every_curve_and_seed_left_out_is_named(tmp_path):
+    curves = divergence_at_one(range(4))
+    curves = [c for c in curves if not (c["seed"] == 3 and c["temperature"] == 0.03)]  # seed 3 has T = 1 only
+    curves += [entry(1.0, "uniform", 1, 0.001)]  # a uniform curve with no stable run
+    data = part_json("a", curves)
+    data["lr_curves"]["incomplete"] = [{"temperature": 0.03, "arm": "softmax", "seed": 3, "missing_lrs": [3.0]}]
+    report = pool([read_part(write(tmp_path, data))])
+    assert report.finding1.strata[0].n == 3
+    assert report.left_out == ["a: softmax T=0.03 seed 3 (no run at lr 3)",
+                               "a: softmax seed 3 (no complete curve at both T = 0.03 and T = 1)"]
+    assert report.no_stable_seeds == ["a seed 1 (uniform attention)"]
+    page = pooled_markdown(report)
+    assert "softmax seed 3 (no complete curve" in page and "a seed 1 (uniform attention)" in page

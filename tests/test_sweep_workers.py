@@ -41,9 +41,41 @@ def test_workers_train_each_run_once_with_the_values_of_one_process_per_run(tmp_
 @pytest.mark.parametrize("extra", [["--parallel", "2"], ["--run-index", "0"], ["--workers", "0"]],
                          ids=["parallel", "run-index", "zero"])
 def test_workers_refuse_what_needs_one_process_per_run(tmp_path, capsys, extra):
-    spec = write_spec(tmp_path, GRID)
+    spec = write_spec(tmp_path, {"temperature": [1.0]})
     argv = ["--config", str(spec), *(["--workers", "2"] if extra[0] != "--workers" else []), *extra]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--workers" in err
     assert not (tmp_path / "logs" / "tiny").exists()  # refused before any run or plan was written
+
+
+def test_a_run_whose_attention_spec_is_refused_stops_the_sweep_before_any_run(tmp_path, capsys):
+    # each axis value is valid alone; together (uniform at T = 0.1) the spec refuses them: before the plan is written
+    spec = write_spec(tmp_path, {"normalizer": ["uniform"], "temperature": [0.1, 1.0]})
+    assert main(["--config", str(spec), "--dry-run"]) == 2
+    assert "temperature=0.1 has no effect with normalizer 'uniform'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_sweep_stops_the_workers_and_every_run_they_held_is_recorded(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_sweep import ROOT, env
+
+    spec = write_spec(tmp_path, GRID, {"trainer.max_steps": 200, "trainer.val_check_interval": 200})
+    proc = subprocess.Popen([sys.executable, "-m", "study.cli", "sweep", "--config", str(spec), "--workers", "2",
+                             "--no-estimate"], cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    sweep = tmp_path / "logs" / "tiny"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(sweep.glob("*/status.json")):
+        time.sleep(0.2)  # a worker has taken its first run (before or during its fit)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "stopped the 2 workers (SIGTERM)" in out
+    states = {p.parent.name: json.loads(p.read_text())["state"] for p in sweep.glob("*/status.json")}
+    assert states and "running" not in states.values(), states  # every run a worker held says how it ended

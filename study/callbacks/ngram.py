@@ -234,7 +234,10 @@ def _val_batches(trainer: L.Trainer) -> Iterator[Any]:
     cut at the number of batches the trainer validates (``limit_val_batches``)."""
     datamodule = getattr(trainer, "datamodule", None)
     loaders = _loaders(datamodule.val_dataloader() if datamodule is not None else trainer.val_dataloaders)
-    limits = list(trainer.num_val_batches) if len(trainer.num_val_batches) == len(loaders) else [math.inf] * len(loaders)
+    limits = list(trainer.num_val_batches)
+    if len(limits) != len(loaders):  # scoring other batches than validation's would compare two held-out sets
+        raise RuntimeError(f"NgramBaseline: the trainer validates {len(limits)} loader(s) but {len(loaders)} were found; "
+                           "the baselines would not be scored on validation's batches")
     for loader, limit in zip(loaders, limits):
         yield from itertools.islice(loader, None if math.isinf(limit) else int(limit))
 

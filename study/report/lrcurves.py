@@ -19,6 +19,7 @@ synthetic sweeps; `lr_runs` makes them from the report's `Summary` objects.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from study.report.summary import Summary
 from study.report.table import table
 
 ARMS = ("softmax", "qk_norm", "init_scale", "uniform")
+SELECTING_ARMS = ("softmax", "qk_norm", "init_scale")  # whose weights read the scores: 3b's "every arm"
 """The from-scratch arms: T divides the logits; the same with QK-norm; T folded into the initial W_q, W_k; attention
 uniform over the visible keys (the control: what the model reaches without selecting positions)."""
 ARM_LABELS = {"softmax": "softmax", "qk_norm": "softmax + QK-norm", "init_scale": "init-scale control",
@@ -306,10 +308,12 @@ def clopper_pearson(events: int, n: int, level: float) -> tuple[float, float]:
 
 
 def finding_collapse_precedes_divergence(runs: Sequence[LRRun], level: float) -> LRFinding:
-    claim = "divergences are preceded by entropy collapse (from scratch, every arm)"
+    claim = "divergences are preceded by entropy collapse (from scratch, every arm whose weights read the scores)"
     statistic = "diverged runs whose collapse alert fired before the divergence step, of all diverged runs"
     rule = f"Clopper-Pearson interval > 1/2: supported; < 1/2: not supported; fewer than {MIN_DIVERGED} diverged: underpowered"
-    logged = [r for r in runs if r.collapse_logged]
+    # Uniform rows keep H/log n = 1, so their alert cannot fire: counting their divergences would pull the
+    # fraction towards 0 by construction.
+    logged = [r for r in runs if r.collapse_logged and r.arm in SELECTING_ARMS]
     if not logged:
         return LRFinding("3b", claim, statistic, "collapse alert not logged (EntropyCollapseAlert)", "underpowered", rule)
     diverged = [r for r in logged if r.diverged]
@@ -603,6 +607,27 @@ def lr_tables(data: dict) -> list[str]:
     ]  # fmt: skip
 
 
+# What makes two from-scratch runs the same experiment apart from their grid values (T, LR, seed, arm): a later
+# analysis that pools reports (`study.report.pooled`) refuses reports that differ here.
+SETTING_KEYS = (
+    "model.n_layer", "model.n_head", "model.n_embd", "model.n_positions", "model.warmup_steps", "model.min_lr_ratio",
+    "model.weight_decay", "model.independent_weight_decay", "model.adam_epsilon", "model.betas", "model.z_loss",
+    "data.vocab_size", "data.block_size", "data.batch_size", "data.max_val_blocks", "trainer.max_steps",
+    "trainer.gradient_clip_val",
+)  # fmt: skip
+
+
+def shared_settings(summaries: Sequence[Summary]) -> dict[str, object]:
+    """The `SETTING_KEYS` values of the from-scratch runs; a key whose runs disagree reads "mixed"."""
+    values: dict[str, set[str]] = {}
+    for s in summaries:
+        if s.run is None or not from_scratch(s):
+            continue
+        for key in SETTING_KEYS:
+            values.setdefault(key, set()).add(json.dumps(s.run.setting(key), sort_keys=True))
+    return {key: json.loads(next(iter(v))) if len(v) == 1 else "mixed" for key, v in values.items()}
+
+
 def ngram_baselines(summaries: Sequence[Summary]) -> dict[str, float]:
     """The held-out losses of the n-gram baselines (`NgramBaseline`): one value per baseline, the same in every
     run that logged it (they share the tokenizer and the held-out set); {} when no run logged them."""
@@ -653,6 +678,9 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
         "design_checks": [{"statement": c.statement, "passed": c.passed, "detail": c.detail} for c in checks],
         "findings": [{**f.as_dict(), "value": f"{f.as_dict()['value']}{value_note}"} for f in found],
         "sensitivity": sensitivity_rows(curves),
+        "settings": shared_settings(summaries),
+        "incomplete": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed,
+                        "missing_lrs": [lr for lr in curves.grid if lr not in c.runs]} for c in curves.incomplete],
         "curves": [{"temperature": c.temperature, "arm": c.arm, "seed": c.seed, "sensitivity": c.sensitivity(),
                     "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss,
                     # per run, so that a later analysis (the pooled page) can recompute any curve statistic

@@ -58,7 +58,8 @@ MIN_SEEDS = 3
 MARGIN_NAT = 0.1  # the baselines' criterion: softmax better by at least this much (lower end of the interval)
 MECHANISM_KEYS = ("3a", "3b", "4a", "4b")
 NEW_CURVE_FIELDS = ("final_loss_by_lr", "nonfinite_by_lr")
-MODEL_FIELDS = (("model",), ("lr_curves", "model"))  # where a report JSON records the model settings
+SETTINGS_FIELD = ("lr_curves", "settings")  # the runs' shared settings (`lrcurves.shared_settings`)
+PREREGISTERED_EARLIER_LOOKS = 3  # docs/findings.md, "The pooled rerun": the first run and the two replications
 OUTPUT_NAMES = ("pooled.json", "pooled.md")
 
 
@@ -79,9 +80,10 @@ class Part:
     curves: dict[tuple[float, str, int], Curve]  # (T, arm, seed) -> its runs at every LR of the grid
     baselines: dict[str, float | None]  # "unigram", "bigram" -> held-out loss (None: not logged)
     findings: dict[str, dict[str, Any]]  # the part's own verdicts by key ("3a", ...)
-    origin: dict[str, Any] | None  # the report's `origin` (study.report.origin.origin_json), None if absent
-    model: dict[str, Any] = field(default_factory=dict)  # MODEL_FIELDS path -> value, where recorded
+    origin: dict[str, Any]  # the report's `origin` (study.report.origin): one source hash, one commit
     numerics_check: dict[str, Any] | None = None  # the part's `study report --numerics-check` record, if any
+    settings: dict[str, Any] = field(default_factory=dict)  # model, data and optimiser settings its runs share
+    incomplete: list[str] = field(default_factory=list)  # curves the part's report left out (an LR missing)
 
     @property
     def machines(self) -> list[str]:
@@ -180,11 +182,39 @@ def read_part(path: str | Path) -> Part:
     baselines = {k: _number(raw_baselines.get(k), path, f"lr_curves.baselines.{k}", allow_none=True)
                  for k in ("unigram", "bigram")}
     findings = {str(f.get("key")): f for f in lr.get("findings") or [] if isinstance(f, dict)}
-    model = {".".join(keys): value for keys in MODEL_FIELDS if (value := _lookup(data, keys)) is not None}
-    origin = data.get("origin") if isinstance(data.get("origin"), dict) else None
+    settings = _lookup(data, SETTINGS_FIELD)
+    if not isinstance(settings, dict) or not settings:
+        raise _fail(path, ".".join(SETTINGS_FIELD), "missing: the report did not record its runs' settings, so parts "
+                    "of different models or optimisers could not be told apart")
+    mixed = sorted(k for k, v in settings.items() if v == "mixed")
+    if mixed:
+        raise _fail(path, ".".join(SETTINGS_FIELD), f"its runs differ in {', '.join(mixed)}: not one experiment")
+    origin = _checked_origin(data.get("origin"), path)
     name = str(data.get("title") or data.get("source") or path.stem)
     check = data.get("numerics_check") if isinstance(data.get("numerics_check"), dict) else None
-    return Part(name, str(path), grid, curves, baselines, findings, origin, model, check)
+    incomplete = [f"{c.get('arm')} T={fmt(c.get('temperature'))} seed {c.get('seed')} (no run at lr "
+                  f"{', '.join(fmt(x) for x in c.get('missing_lrs') or [])})"
+                  for c in lr.get("incomplete") or [] if isinstance(c, dict)]
+    return Part(name, str(path), grid, curves, baselines, findings, origin, check, settings, incomplete)
+
+
+def _checked_origin(origin: Any, path: Path) -> dict[str, Any]:
+    """The part's `origin`: every run recorded one source hash and one commit, from a clean checkout."""
+    if not isinstance(origin, dict) or not isinstance(origin.get("sources"), dict):
+        raise _fail(path, "origin", "missing: the report does not say which code made its runs")
+    unrecorded = origin["sources"].get(provenance.UNRECORDED)
+    if unrecorded:
+        raise _fail(path, "origin.sources", f"{unrecorded} run(s) recorded no source hash")
+    if len(origin["sources"]) != 1 or origin.get("mixed"):
+        raise _fail(path, "origin.sources", f"its runs come from {len(origin['sources'])} source hashes "
+                    f"({', '.join(sorted(origin['sources']))})")
+    if origin.get("dirty_source_runs"):
+        raise _fail(path, "origin.dirty_source_runs", f"{origin['dirty_source_runs']} run(s) ran from a checkout with "
+                    "uncommitted changes to the package")
+    commits = origin.get("commits") or {}
+    if len(commits) != 1:
+        raise _fail(path, "origin.commits", f"expected the runs of one commit, got {sorted(commits) or 'none'}")
+    return origin
 
 
 def _lookup(data: dict, keys: Sequence[str]) -> Any:
@@ -204,10 +234,17 @@ def check_parts(parts: Sequence[Part]) -> tuple[float, str | None]:
     for part in parts[1:]:
         if part.grid != first.grid:
             raise PartError(f"{part.path}: lr_curves.grid {part.grid} differs from {first.path}'s {first.grid}")
-        for key in set(part.model) & set(first.model):
-            if part.model[key] != first.model[key]:
-                raise PartError(f"{part.path}: {key} {part.model[key]!r} differs from {first.path}'s "
-                                f"{first.model[key]!r}")
+        for key in sorted(set(part.settings) | set(first.settings)):
+            if part.settings.get(key) != first.settings.get(key):
+                raise PartError(f"{part.path}: {key} {part.settings.get(key)!r} differs from {first.path}'s "
+                                f"{first.settings.get(key)!r}: not one experiment")
+    owner: dict[int, str] = {}  # seed -> the part that trained it: a seed is one unit, counted once
+    for part in parts:
+        for seed in sorted({s for (_, _, s) in part.curves}):
+            if seed in owner:
+                raise PartError(f"seed {seed} is in {owner[seed]} and in {part.path}: the same seed pooled twice "
+                                "would count one unit as two")
+            owner[seed] = part.path
     lows = {}
     for part in parts:
         temps = part.temperatures("softmax")
@@ -228,6 +265,10 @@ def check_parts(parts: Sequence[Part]) -> tuple[float, str | None]:
         (h1, p1), (h2, p2) = list(hashes.items())[:2]
         raise PartError(f"source hashes differ: {p1} has {h1}, {p2} has {h2}; the parts were made by different "
                         "versions of the code: rerun them from one")
+    commits = {c for part in parts for c in part.origin.get("commits") or {}}
+    if len(commits) > 1:
+        raise PartError(f"the parts' runs come from {len(commits)} commits ({', '.join(sorted(commits))}): rerun "
+                        "them from one clean clone")
     return next(iter(lows.values())), next(iter(hashes), None)
 
 
@@ -459,7 +500,9 @@ def baseline_margins(parts: Sequence[Part]) -> tuple[list[BaselineMargin], list[
             if uniform is not None:
                 logged["uniform attention"] = True
                 other = best_stable_loss(uniform)
-                if other is not None:
+                if other is None:
+                    no_stable.append(f"{label} (uniform attention)")
+                else:
                     rows["uniform attention"].append((label, other - best))
     out = []
     for key, values in rows.items():
@@ -475,6 +518,20 @@ def baseline_margins(parts: Sequence[Part]) -> tuple[list[BaselineMargin], list[
             criterion = "met" if interval.lo >= MARGIN_NAT else "not met"
         out.append(BaselineMargin(key, len(values), interval, criterion, [label for label, _ in values]))
     return out, no_stable
+
+
+def left_out_seeds(parts: Sequence[Part], low_t: float) -> list[str]:
+    """The softmax seeds of each part that findings 1 and 2 cannot use, each with why: a curve at only one of the
+    two temperatures, or no loss at init."""
+    out = []
+    for part in parts:
+        present = {s for (_, a, s) in part.curves if a == "softmax"}
+        paired = set(part.seeds("softmax", [low_t, REFERENCE_T]))
+        out += [f"{part.name}: softmax seed {s} (no complete curve at both T = {fmt(low_t)} and T = 1)"
+                for s in sorted(present - paired)]
+        slopes = sensitivity_slopes(part, low_t, None)
+        out += [f"{part.name}: softmax seed {s} (no loss at init)" for s in sorted(paired - set(slopes))]
+    return out
 
 
 # ---- the report -------------------------------------------------------------------------------------------------
@@ -495,6 +552,7 @@ class PooledReport:
     baselines: list[BaselineMargin]
     no_stable_seeds: list[str]
     mechanism: list[dict[str, Any]]  # per part: key -> {"verdict", "value"} of 3a, 3b, 4a, 4b
+    left_out: list[str]  # every curve or seed of a part that no pooled statistic uses, with why
     machines: list[str]  # every machine line the parts' runs recorded
     numerics_checked: list[str]  # the parts whose report compared a second numerics path
 
@@ -518,6 +576,7 @@ def pool(parts: Sequence[Part], earlier_looks: int = 3) -> PooledReport:
     mechanism = [{"part": p.name, **{k: {"verdict": p.findings[k].get("verdict"), "value": p.findings[k].get("value")}
                                      for k in MECHANISM_KEYS if k in p.findings}} for p in parts]
     baselines, no_stable = baseline_margins(parts)
+    left_out = [f"{p.name}: {c}" for p in parts for c in p.incomplete] + left_out_seeds(parts, low_t)
     return PooledReport(
         parts=[{"name": p.name, "path": p.path, "softmax_seeds": len(p.seeds("softmax", [low_t, REFERENCE_T])),
                 "source_hash": (p.source_hashes or [None])[0]} for p in parts],
@@ -525,7 +584,7 @@ def pool(parts: Sequence[Part], earlier_looks: int = 3) -> PooledReport:
         finding1=sensitivity_finding(parts, low_t, WORTSMAN_RANGE, level, judged=True),
         finding1_old=sensitivity_finding(parts, low_t, None, level, judged=False),
         finding2=stable_lr_finding(parts, low_t, alpha),
-        baselines=baselines, no_stable_seeds=no_stable, mechanism=mechanism,
+        baselines=baselines, no_stable_seeds=no_stable, mechanism=mechanism, left_out=left_out,
         machines=sorted({m for p in parts for m in p.machines}),
         numerics_checked=[p.name for p in parts if p.numerics_check],
     )
@@ -614,6 +673,8 @@ def pooled_markdown(r: PooledReport) -> str:
         "",
         _opening(r),
         "",
+        (f"The pre-registered count of earlier looks is {PREREGISTERED_EARLIER_LOOKS}; this page was made with "
+         f"{r.looks - 1}. " if r.looks - 1 != PREREGISTERED_EARLIER_LOOKS else "") +
         f"Level: {len(JUDGED)} judged findings x {r.looks} looks = {r.family_size * r.looks}; alpha = {fmt(r.alpha)}; "
         f"intervals of findings 1 and 2 at {percent(r.level)}. Finding 1 is judged on the seed-level interval "
         "(supported if it lies below 0, not supported if above 0); finding 2 on the sign test (supported if "
@@ -645,8 +706,18 @@ def pooled_markdown(r: PooledReport) -> str:
         "",
         table(["baseline", "n seeds", "mean margin [95%]", f">= {MARGIN_NAT} nat"], baseline_rows),
         "",
-        ("Seeds with no stable softmax run at T = 1 (in no margin): " + ", ".join(r.no_stable_seeds) + "."
-         if r.no_stable_seeds else "Every softmax seed at T = 1 has a stable run."),
+        ("Seeds with no stable run at T = 1 (in no margin): " + ", ".join(r.no_stable_seeds) + "."
+         if r.no_stable_seeds else "Every seed has a stable run at T = 1 in each arm."),
+        "",
+        "Each seed's best loss is its lowest final held-out loss over the LR grid among its stable runs (a diverged "
+        "run has no loss to compare), the same choice in the softmax and the uniform arm; against the n-gram "
+        "baselines, which choose nothing, it favours the softmax arm slightly. The n-gram models are counted on the "
+        "whole training split, more tokens than the 200 steps see.",
+        "",
+        "## Left out",
+        "",
+        ("Every curve and seed of every part is in the statistics above." if not r.left_out else
+         "Curves and seeds no pooled statistic uses: " + "; ".join(r.left_out) + "."),
         "",
         "## Mechanism and QK-norm, per part (judged by each part's own report, not pooled)",
         "",

@@ -18,12 +18,17 @@ from study.sweep.frozen_steps import frozen_steps, run_step_here
 from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
 from study.sweep.pool import (
+    WORKER_DONE,
+    WORKER_RUN_FAILED,
+    WORKER_SOURCE_CHANGED,
+    Stopped,
     SweepProgress,
     needs_subprocess,
     pretrain,
     run_in_process,
     run_pool,
     run_workers,
+    stopped_by_signals,
     wait_for_pretraining,
 )
 from study.sweep.run import (
@@ -255,16 +260,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _work(plan: Plan) -> int:
-    """A `--workers` process: train every run it can lock, one after another; exit 2 when the source changes."""
+    """A `--workers` process: train every run it can lock, one after another (`study.sweep.pool.WORKER_EXITS`).
+    A signal at any point, inside a run's fit or between runs, is recorded in the run it stops, then ends the
+    worker."""
     watch = SourceWatch([plan.base])
     todo = [r for r in plan.runs if not done(r)]
     try:
-        run_in_process(todo, SweepProgress(len(todo)), quiet=True, watch=watch)
+        with stopped_by_signals():
+            run_in_process(todo, SweepProgress(len(todo)), quiet=True, watch=watch)
     except SourceChanged as changed:
         print(f"study sweep {plan.name} (worker): stopped: {changed}", file=sys.stderr, flush=True)
-        return 2
+        return WORKER_SOURCE_CHANGED
+    except Stopped as stop:
+        return 128 + stop.signum
     states = [(read_status(r.dir) or {}).get("state") for r in todo]
-    return 0 if all(s in FINAL_STATES for s in states if s is not None) else 1
+    return WORKER_DONE if all(s in FINAL_STATES for s in states if s is not None) else WORKER_RUN_FAILED
 
 
 def _sweep(plan: Plan, args, passthrough: list[str]) -> int:

@@ -305,15 +305,15 @@ def run_workers(
     folder.mkdir(parents=True, exist_ok=True)
     cmd = run_command(plan.spec_path, None, plan.quick, passthrough, args.save_dir, args.threads)
     launched_at = time.time()
-    jobs = []
-    for i in range(args.workers):
-        log = open_log(folder / f"worker-{i}.log")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        proc.log = log  # type: ignore[attr-defined]
-        jobs.append(proc)
+    jobs: list[subprocess.Popen] = []
     pending = list(todo)
     try:
-        with stopped_by_signals():
+        with stopped_by_signals():  # from the first launch: a signal while they start stops the ones started
+            for i in range(args.workers):
+                log = open_log(folder / f"worker-{i}.log")
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                proc.log = log  # type: ignore[attr-defined]
+                jobs.append(proc)
             while pending:
                 time.sleep(poll_s)
                 pending = [run for run in pending if not _reported_end(run, launched_at, progress, watch)]
@@ -328,8 +328,9 @@ def run_workers(
             _signal_job(proc, signum, group=True)
         for proc in jobs:
             proc.wait()
-        print(f"study sweep: stopped the {len(jobs)} workers ({'its source changed' if isinstance(stop, SourceChanged) else signal.Signals(signum).name}); "
-              "each recorded the run it was training; rerun the same command to resume", flush=True)
+        why = "its source changed" if isinstance(stop, SourceChanged) else signal.Signals(signum).name
+        print(f"study sweep: stopped the {len(jobs)} workers ({why}); each recorded the run it was training as "
+              "interrupted; rerun the same command to resume", flush=True)
         if isinstance(stop, SourceChanged):
             raise
         raise SystemExit(128 + signum) from None
@@ -337,11 +338,18 @@ def run_workers(
         for proc in jobs:
             proc.wait()
             proc.log.close()  # type: ignore[attr-defined]
-    failed = [i for i, proc in enumerate(jobs) if proc.returncode not in (0, 1)]
-    if failed:  # 1: a run of its own did not finish (recorded in its status); anything else stopped the worker
-        logs = ", ".join(str(folder / f"worker-{i}.log") for i in failed)
-        print(f"study sweep: worker(s) {failed} exited with codes {[jobs[i].returncode for i in failed]} "
+    stopped = [i for i, proc in enumerate(jobs) if proc.returncode not in WORKER_EXITS]
+    if stopped:  # anything but its own codes: the worker itself crashed or was killed
+        logs = ", ".join(str(folder / f"worker-{i}.log") for i in stopped)
+        print(f"study sweep: worker(s) {stopped} exited with codes {[jobs[i].returncode for i in stopped]} "
               f"(see {logs}); {len(pending)} run(s) left untrained", flush=True)
+
+
+WORKER_DONE, WORKER_RUN_FAILED, WORKER_SOURCE_CHANGED = 0, 3, 4
+"""A `--workers` process's exit codes: every run it trained ended in a final state; a run of its own failed (recorded
+in the run's status); the source changed under it. Any other code (1 from an uncaught error, -9 from a kill) means
+the worker itself stopped."""
+WORKER_EXITS = (WORKER_DONE, WORKER_RUN_FAILED, WORKER_SOURCE_CHANGED)
 
 
 def _reported_end(run: Run, since: float, progress: SweepProgress, watch: SourceWatch | None) -> bool:

@@ -198,7 +198,7 @@ def test_page_and_cli_carry_the_json_numbers(tmp_path, capsys):
     f1, f2 = data["finding1"], data["finding2"]
     numbers = [fmt(f1["seed_level"]["estimate"]), fmt(f1["seed_level"]["lo"]), fmt(f1["seed_level"]["hi"]),
                fmt(data["finding1_old"]["seed_level"]["estimate"]), fmt(data["alpha"]), percent(data["level"]),
-               fmt(f2["p"]), f"{f2['lower']} seeds lower", f"{f2['tied']} tied", data["source_hash"],
+               fmt(f2["p"]), f"T = 1 in {f2['lower']} seeds", f"tied in {f2['tied']}", data["source_hash"],
                *(fmt(b["interval"]["estimate"]) for b in data["baselines"] if b["interval"]),
                *(fmt(s["mean"]) for s in data["finding1"]["strata"])]
     numbers += [fmt(f1["fixed"]["estimate"]), fmt(f1["random"]["estimate"]), fmt(f1["random"]["tau2"]),
@@ -206,7 +206,7 @@ def test_page_and_cli_carry_the_json_numbers(tmp_path, capsys):
     for number in numbers:
         assert number in page, number
     assert "a 3a value" in page and "b 4b value" in page  # the parts' own verdicts carried
-    assert data["looks"] == 4 and "look 4" in page
+    assert data["looks"] == 4 and "the fourth analysis of the same two claims" in page
 
 
 def test_cli_refuses_symlinked_outputs_and_a_sweep_folder_with_pool(tmp_path, capsys):

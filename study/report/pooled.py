@@ -605,27 +605,41 @@ def _grid_text(lrs: Sequence[float]) -> str:
 
 
 def _opening(r: PooledReport) -> str:
-    f1, f2 = r.finding1, r.finding2
-    random = (f"random effects {f1.random} (tau^2 = {fmt(f1.random.tau2)}, I^2 = {percent(f1.random.i2)})"
-              if f1.random else "random effects not computed")
-    fixed = f"fixed effect {f1.fixed}" if f1.fixed else "fixed effect not computed"
-    seed = (f"{_interval(f1.seed_level)} over {f1.seed_level.n} seeds" if f1.seed_level else "too few seeds")
-    margins = "; ".join(f"{b.baseline}: {_interval(b.interval)} nat over {b.n} seeds ({b.criterion})"
-                        if b.interval else f"{b.baseline}: {b.criterion}" for b in r.baselines)
-    return (
-        f"{len(r.parts)} part{'s' if len(r.parts) != 1 else ''} of the from-scratch study pooled, each a stratum, "
-        f"the seed the unit. "
-        f"Finding 1, LR sensitivity measured over Wortsman et al.'s range only (LRs {_grid_text(f1.lr_range)}): "
-        f"the slope of sensitivity against log10 T between T = {fmt(r.lowest_t)} and T = 1 is {seed} at the seed "
-        f"level; {fixed}; {random}. Verdict: {f1.verdict}. Finding 2, the largest stable LR over the whole grid: "
-        f"{f2.lower} seeds lower at T = {fmt(r.lowest_t)} than at T = 1, {f2.tied} tied, {f2.higher} higher; "
-        f"one-sided sign test p = {fmt(f2.p)}. Verdict: {f2.verdict}. This is look {r.looks} at findings 1 and 2 "
-        f"({r.looks - 1} earlier analyses of the same claims), so each is judged at alpha = 0.05 / ({r.family_size} "
-        f"findings x {r.looks} looks) = {fmt(r.alpha)}, intervals at {percent(r.level)}. Does the model attend? "
-        f"Softmax's best held-out loss at T = 1 against each baseline, margin = baseline - softmax (a design check "
-        f"at 95%, outside the family; criterion: the interval's lower end >= {MARGIN_NAT} nat): {margins}. "
-        + _numerics_sentence(r)
-    )
+    """The page's first paragraph, in plain words, every number from the report (also the README's sentence)."""
+    f1, old, f2 = r.finding1, r.finding1_old, r.finding2
+    seeds = sum(p["softmax_seeds"] for p in r.parts)
+    source = f" (source hash {r.source_hash})" if r.source_hash else ""
+    parts = (f"Pooled over {seeds} seeds in {len(r.parts)} part{'s' if len(r.parts) != 1 else ''} run from one "
+             f"commit{source}, the seed the unit and the part a stratum, at alpha = {fmt(r.alpha)} (2 findings x "
+             f"{r.looks} looks: this is the {_ordinal(r.looks)} analysis of the same two claims).")
+    if f1.seed_level:
+        pooled = "; ".join(x for x in (f"fixed effect {f1.fixed}" if f1.fixed else "",
+                                       f"random effects {f1.random}, I^2 = {percent(f1.random.i2)}" if f1.random else "")
+                           if x)
+        one = (f"(1) Over Wortsman et al.'s learning rates ({_grid_text(f1.lr_range)}) the LR sensitivity's slope "
+               f"against log10 T is {_interval(f1.seed_level)} ({pooled}): {f1.verdict}"
+               + (f"; over the whole grid up to lr {fmt(old.lr_range[-1])} (the earlier pages' range) it is "
+                  f"{_interval(old.seed_level)}" if old.seed_level else "") + ".")
+    else:
+        one = f"(1) The LR sensitivity's slope against T: {f1.verdict}."
+    deciding = ", ".join(f"{k} in {n}" for k, n in f2.deciding.items())
+    two = (f"(2) The largest stable LR is lower at T = {fmt(r.lowest_t)} than at T = 1 in {f2.lower} seeds, tied in "
+           f"{f2.tied}, higher in {f2.higher} (one-sided sign test p = {fmt(f2.p)}): {f2.verdict}"
+           + (f"; the pairs that differ (lowest T vs T = 1): {deciding}" if deciding else "") + ".")
+    margins = {b.baseline: b for b in r.baselines}
+    said = "; ".join(f"{name} {_interval(b.interval)} nat ({b.criterion})" if b.interval else f"{name}: {b.criterion}"
+                     for name, b in margins.items())
+    unmet = [name for name, b in margins.items() if b.criterion != "met"]
+    attends = (f"Does the model attend? The softmax arm's best held-out loss at T = 1 beats each baseline by "
+               f"(baseline - softmax, 95%; the criterion is at least {MARGIN_NAT} nat): {said}. "
+               + (f"The criterion is not met against {', '.join(unmet)}: in this design the model is not shown to "
+                  "use attention, so its temperature results describe training a model that need not attend."
+                  if unmet else "The criterion is met against every baseline."))
+    return " ".join([parts, one, two, attends, _numerics_sentence(r)])
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}.get(n, f"{n}th")
 
 
 def _numerics_sentence(r: PooledReport) -> str:

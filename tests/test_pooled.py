@@ -155,11 +155,18 @@ def test_old_committed_json_is_refused_naming_the_field():
         read_part("docs/results/scratch.json")
 
 
-@pytest.mark.parametrize("breaks, field", [
+@pytest.mark.parametrize(("breaks", "field"), [
     (lambda d: d.pop("schema"), "schema"),
     (lambda d: d.pop("lr_curves"), "lr_curves"),
     (lambda d: d["lr_curves"]["curves"][0]["nonfinite_by_lr"].pop("3.0"), r"curves\[0\]\.nonfinite_by_lr"),
     (lambda d: d["lr_curves"]["curves"][0].update(arm="topk"), r"curves\[0\]\.arm"),
+    # not from one clean commit, or not one experiment
+    (lambda d: d.pop("origin"), r"origin: missing"),
+    (lambda d: d["origin"]["sources"].update({"unrecorded": 3}), r"origin\.sources: 3 run\(s\) recorded no source hash"),
+    (lambda d: d["origin"].update(dirty_source_runs=2), r"origin\.dirty_source_runs: 2 run\(s\)"),
+    (lambda d: d["origin"]["commits"].update({"abcdef012345": 1}), r"origin\.commits: expected the runs of one commit"),
+    (lambda d: d["lr_curves"].pop("settings"), r"lr_curves\.settings: missing"),
+    (lambda d: d["lr_curves"]["settings"].update({"model.n_layer": "mixed"}), r"lr_curves\.settings: its runs differ in model\.n_layer"),
 ])  # fmt: skip
 def test_a_bad_part_is_refused_naming_file_and_field(tmp_path, breaks, field):
     data = part_json("bad", divergence_at_one(range(3)))
@@ -243,21 +250,6 @@ def test_a_seed_in_two_parts_is_refused(tmp_path):
     b = read_part(write(tmp_path, part_json("b", divergence_at_one(range(4, 8)))))
     with pytest.raises(PartError, match=r"seed 4 is in .*a\.json and in .*b\.json"):
         pool([a, b])
-
-
-@pytest.mark.parametrize(("breaks", "field"), [
-    (lambda d: d.pop("origin"), r"origin: missing"),
-    (lambda d: d["origin"]["sources"].update({"unrecorded": 3}), r"origin\.sources: 3 run\(s\) recorded no source hash"),
-    (lambda d: d["origin"].update(dirty_source_runs=2), r"origin\.dirty_source_runs: 2 run\(s\)"),
-    (lambda d: d["origin"]["commits"].update({"abcdef012345": 1}), r"origin\.commits: expected the runs of one commit"),
-    (lambda d: d["lr_curves"].pop("settings"), r"lr_curves\.settings: missing"),
-    (lambda d: d["lr_curves"]["settings"].update({"model.n_layer": "mixed"}), r"lr_curves\.settings: its runs differ in model\.n_layer"),
-])  # fmt: skip
-def test_a_part_not_from_one_clean_commit_or_one_experiment_is_refused(tmp_path, breaks, field):
-    data = part_json("bad", divergence_at_one(range(3)))
-    breaks(data)
-    with pytest.raises(PartError, match=rf"bad\.json: {field}"):
-        read_part(write(tmp_path, data))
 
 
 def test_parts_of_two_commits_are_refused(tmp_path):

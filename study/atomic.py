@@ -22,8 +22,11 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -117,6 +120,51 @@ def replace_folder(built: Path, target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def build_folder_whole(final: Path, write: Callable[[Path], T]) -> T:
+    """``write(folder)`` into a new, empty folder beside ``final``, which is then swapped in (`replace_folder`);
+    its result. On any failure (a kill, a full disk) the new folder is removed and ``final`` is as it was; an
+    OSError under it names the file as the user will look for it (under ``final``, not the folder being built)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = create_folder_exclusively(final.parent, final.name)
+    try:
+        result = write(out)
+        replace_folder(out, final)
+    except BaseException as err:
+        shutil.rmtree(out, ignore_errors=True)
+        found = os_error_within(err)
+        if found is not None and found.filename and Path(found.filename).is_relative_to(out):
+            raise OSError(found.errno, found.strerror, str(final / Path(found.filename).relative_to(out))) from err
+        raise
+    return result
+
+
+def replaced_folder_refused(out: Path, owned: tuple[str, ...], noun: str) -> str | None:
+    """Why ``out`` may not be replaced as a whole by what ``noun`` ("report") writes (one line), or None: ``out`` a
+    link or not a folder, or an entry in it that ``noun`` does not write (``owned``: name patterns; one ending in
+    "/" names a folder, the others files), which the swap would delete."""
+    out = Path(out)
+    if out.is_symlink():
+        return f"{out} is a link: the {noun} replaces its folder as a whole; give the folder it leads to"
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"{out} is not a folder"
+    files = [p for p in owned if not p.endswith("/")]
+    folders = [p.rstrip("/") for p in owned if p.endswith("/")]
+
+    def owns(entry: Path) -> bool:
+        if entry.is_symlink() or entry.is_file():
+            return any(fnmatch(entry.name, f) for f in files)
+        return entry.is_dir() and any(fnmatch(entry.name, f) for f in folders)
+
+    others = sorted(p.name for p in out.iterdir() if not owns(p))
+    if others:
+        return (f"{out} holds {others[0]}, which no {noun} writes: the {noun} replaces the folder as a whole; "
+                "give an empty or new folder")
+    return None
+
+
 def links_out_of(folder: Path) -> list[Path]:
     """The symbolic links inside ``folder`` (at any depth, not followed) that lead out of it or nowhere: a planted
     `run.lock`, `sweep.log`, `checkpoints` or `report` link would make a command truncate, append to or write
@@ -147,6 +195,7 @@ def links_refused(folder: Path) -> str | None:
 
 
 __all__ = [
+    "build_folder_whole",
     "create_file_exclusively",
     "create_folder_exclusively",
     "links_out_of",
@@ -154,6 +203,7 @@ __all__ = [
     "naming",
     "os_error_within",
     "replace_folder",
+    "replaced_folder_refused",
     "save_figure",
     "unpredictable_name",
     "write_atomically",

@@ -250,13 +250,13 @@ def test_probe_refuses_an_out_folder_with_a_link_out_before_loading_the_model(tm
 
 
 def test_probe_writes_its_json_and_figure_whole_and_never_through_a_link(tmp_path, monkeypatch):
-    """A link that stays inside --out passes the check; the probe's files replace it."""
+    """A link that stays inside --out passes the check; the probe's files replace it, never follow it."""
     from study.frozen.probe import command as probe
 
     out = tmp_path / "d"
     out.mkdir()
-    (out / "old.json").write_text("an earlier result")
-    (out / "probe.json").symlink_to(out / "old.json")
+    (out / "probe.png").write_text("an earlier figure")
+    (out / "probe.json").symlink_to(out / "probe.png")
     report = {"seconds": 0.0, "results": []}
     monkeypatch.setattr(probe, "check_args", lambda args: [])
     monkeypatch.setattr(probe, "run_probe", lambda *a, **k: report)
@@ -264,7 +264,7 @@ def test_probe_writes_its_json_and_figure_whole_and_never_through_a_link(tmp_pat
     monkeypatch.setattr("study.frozen.probe.writers.console_lines", lambda report: [])
     assert probe.main(["--model", "m", "--out", str(out), "--no-tensorboard"]) == 0
     assert not (out / "probe.json").is_symlink() and json.loads((out / "probe.json").read_text()) == report
-    assert (out / "old.json").read_text() == "an earlier result"
+    assert sorted(p.name for p in out.iterdir()) == ["probe.json"]  # the old folder's files went with it
 
 
 # ---- the report is written whole: a kill or a full disk leaves the previous one --------------------------------------

@@ -437,3 +437,60 @@ def test_the_estimate_scales_each_kind_of_step_to_the_probes_counts_and_writes_n
     assert probe.main([*args_for(folder, text_file, tmp_path / "o", "--single-layers", "--hessian-iterations", "0",
                                  "--fp64-windows", "0"), "--estimate"]) == 0  # fmt: skip
     assert set(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["parts"]) == {"load", "every layer"}
+
+
+# ---- a rerun into the same --out replaces the outputs whole (issue 52, N12) ----------------------------------------
+@pytest.mark.slow
+def test_a_rerun_with_another_grid_replaces_the_event_file_and_says_so(tmp_path, text_file, capsys):
+    """Before: a second event file beside the first, TensorBoard's step 0 both T 0.1 (old) and T 1 (new)."""
+    from study.report.read import read_scalars
+    from study.tags import probe as probe_tag
+
+    folder, out = save_tiny(tmp_path, text_file, "gpt2"), tmp_path / "out"
+    assert probe.main(args_for(folder, text_file, out, "--temperatures", "0.1", "--quiet")) == 0
+    assert read_scalars(out / "tensorboard")[probe_tag("temperature")] == [(0, pytest.approx(0.1))]
+    capsys.readouterr()
+    assert probe.main(args_for(folder, text_file, out, "--temperatures", "1", "--quiet")) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "other settings" in line]
+    assert said == [f"study probe: {out} held a probe made with other settings; its probe.json, figure and event "
+                    "file are replaced whole"]  # fmt: skip
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert read_scalars(out / "tensorboard")[probe_tag("temperature")] == [(0, 1.0)]
+    assert [r["temperature"] for r in json.loads((out / "probe.json").read_text())["results"]] == [1.0]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no half-built folder left
+
+
+def test_a_probe_killed_while_writing_leaves_the_previous_output_whole(tmp_path, monkeypatch):
+    from study.frozen.probe import command, writers
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "probe.json").write_text('{"argv": ["old"]}')
+    (out / "probe.png").write_bytes(b"old figure")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(command, "check_args", lambda args: [])
+    monkeypatch.setattr(command, "run_probe", lambda *a, **k: {"seconds": 0.0, "argv": ["new"], "results": []})
+
+    def killed_after_the_json(report, folder):
+        assert (folder / "probe.json").is_file()  # written, in the folder being built
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writers, "write_figure", killed_after_the_json)
+    with pytest.raises(KeyboardInterrupt):
+        command.main(["--model", "m", "--out", str(out), "--no-tensorboard"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_an_out_folder_holding_other_files_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from study.frozen.probe import command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    monkeypatch.setattr(command, "check_args", lambda args: pytest.fail("work started before the refusal"))
+    assert command.main(["--model", "m", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"study probe: {out} holds notes.txt, which no probe writes: the probe replaces the folder as a whole; "
+        "give an empty or new folder")  # fmt: skip
+    assert (out / "notes.txt").read_text() == "mine"

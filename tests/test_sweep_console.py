@@ -49,7 +49,7 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         assert re.fullmatch(pattern, line), (line, pattern)
     # Library notices are silenced at their source; what each stage printed is in its log file, not lost.
     assert "Loading weights" not in done.stdout + done.stderr and "litlogger" not in done.stdout + done.stderr
-    assert "T=0.1" in (sweep / "probe" / "probe.log").read_text()
+    assert "T=0.1" in (sweep / "probe.log").read_text()
     assert "3 x 16 tokens" in (sweep / "analyze.log").read_text()
     report = (sweep / "report" / "report.md").read_text()
     assert "3. critical N* ~ 0.06 L (frozen" in report and "1. Lemma 1 (frozen" in report

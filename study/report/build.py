@@ -8,19 +8,11 @@ The concerns live in their own modules: `read` (event files and status), `summar
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 from study import tags
-from study.atomic import (
-    create_folder_exclusively,
-    links_refused,
-    os_error_within,
-    replace_folder,
-    write_text_atomically,
-)
+from study.atomic import build_folder_whole, links_refused, replaced_folder_refused, write_text_atomically
 from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
@@ -339,22 +331,11 @@ def output_refused(sweep_dir: Path, out: Path) -> str | None:
     write (the report replaces its folder as a whole, so a link that stays inside is replaced, never followed)."""
     if refused := links_refused(sweep_dir):
         return refused
-    if out.is_symlink():
-        return f"{out} is a link: the report replaces its folder as a whole; give the folder it leads to"
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        return f"{out} is not a folder"
-    # links inside the sweep folder were checked above; an --out elsewhere is checked as the sweep folder is
-    if not out.resolve().is_relative_to(sweep_dir.resolve()) and (refused := links_refused(out)):
-        return refused
-    others = sorted(
-        p.name for p in out.iterdir() if not p.is_file() or not any(fnmatch(p.name, f) for f in REPORT_FILES)
-    )
-    if others:
-        return (f"{out} holds {others[0]}, which no report writes: the report replaces the folder as a whole; "
-                "give an empty or new folder")
-    return None
+    if out.is_dir() and not out.is_symlink() and not out.resolve().is_relative_to(sweep_dir.resolve()):
+        # links inside the sweep folder were checked above; an --out elsewhere is checked as the sweep folder is
+        if refused := links_refused(out):
+            return refused
+    return replaced_folder_refused(out, REPORT_FILES, "report")
 
 
 def build_report(
@@ -385,20 +366,9 @@ def build_report(
         check["origin"] = runs_origin.origin_json(other_origin)
     else:
         judgement = judged(primary, mine.probe, mine.analysis)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    out = create_folder_exclusively(final.parent, final.name)  # built whole here, then swapped in
-    try:
-        path = _write_report(
-            out, sweep_dir, plan, runs, all_runs, not_counted, primary, mine, origin, judgement, check,
-        )  # fmt: skip
-        replace_folder(out, final)
-    except BaseException as err:
-        shutil.rmtree(out, ignore_errors=True)
-        found = os_error_within(err)
-        if found is not None and found.filename and Path(found.filename).is_relative_to(out):
-            # the file as the user will look for it, not its name in the folder that was being built
-            raise OSError(found.errno, found.strerror, str(final / Path(found.filename).relative_to(out))) from err
-        raise
+    path = build_folder_whole(final, lambda out: _write_report(
+        out, sweep_dir, plan, runs, all_runs, not_counted, primary, mine, origin, judgement, check,
+    ))  # fmt: skip
     return final / path.name
 
 

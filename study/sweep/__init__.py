@@ -16,6 +16,7 @@ Layout under `<save_dir>/<name>/` (name = the YAML's `name`, `-quick` appended w
     probe/probe.json             `study probe` on the frozen model (the spec's `probe:` section; + figure, events)
     analyze/results.json         `study analyze` on the frozen model (the spec's `analyze:` section; + figures)
     probe.lock, analyze.lock     who runs those two steps (with --parallel they run beside the runs, first)
+    probe.log, analyze.log       their output (outside their folders: the probe swaps its folder in whole)
     report/report.md             `study report` output (figures beside it)
 
 A run's `status.json` says running / finished / failed / diverged, with the reason. Rerunning the sweep skips

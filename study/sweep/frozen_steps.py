@@ -77,7 +77,8 @@ def frozen_steps(plan: Plan) -> list[FrozenStep]:
     if plan.probe:
         out = plan.sweep_dir / "probe"
         steps.append(FrozenStep("probe", "the probe", "study.frozen.probe.command", plan.probe, out / "probe.json",
-                                lambda result: result.get("argv"), log=out / "probe.log", lock_dir=plan.sweep_dir))  # fmt: skip
+                                lambda result: result.get("argv"), log=plan.sweep_dir / "probe.log",
+                                lock_dir=plan.sweep_dir))  # fmt: skip
     if plan.analyze:
         out = plan.sweep_dir / "analyze"
         steps.append(FrozenStep("analyze", "the analysis", "study.frozen.analysis.command", plan.analyze,

@@ -24,6 +24,9 @@ every T. For each T:
 `study report` turns `<sweep>/probe/probe.json` into findings (docs/findings.md). Writes `<out>/probe.json`,
 `<out>/probe.png` and (unless ``--no-tensorboard``, as a sweep runs it) TensorBoard scalars under `<out>/tensorboard` (step = index of T in the sorted grid):
 `probe/...` for T in every layer, `probe/layer_<l>/<kind>` per layer, `probe/single_layer_<l>/...`.
+These are built in a folder beside `<out>` and swapped in whole, so a kill leaves the previous output or none, and
+a rerun into the same `<out>` replaces its event file (saying so when the settings differ) instead of adding a
+second one beside it; an `<out>` that holds anything else is refused.
 
 Progress: a bar with the time left on a terminal, else one line per step on stderr; ``--quiet`` turns it off.
 Bad input (T <= 0, a missing model or text, a binary or empty text, a --seq-len beyond the model's context, a
@@ -42,9 +45,11 @@ from pathlib import Path
 
 import torch
 
-from study.atomic import links_refused, write_text_atomically
+from study.atomic import build_folder_whole, links_refused, replaced_folder_refused, write_text_atomically
 from study.errors import ConfigError
 
+# What an --out folder holds (the probe writes nothing else; `probe.log` is where older sweeps kept its log)
+PROBE_FILES = ("probe.json", "probe.png", "probe.log", "tensorboard/", ".*.tmp*")
 DEFAULT_TEMPERATURES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 FP64_BELOW = 0.01  # the fp64 reference's default temperatures: the grid's T at or below this
 
@@ -282,12 +287,22 @@ def estimate_probe(args: argparse.Namespace, docs: list[tuple[str, str]]) -> dic
     return {"seconds": sum(parts.values()), "parts": parts, "timed_s": time.perf_counter() - started}
 
 
+def _previous_argv(out: Path) -> list[str] | None:
+    """The arguments the probe already in ``out`` ran with (None when there is none or it does not read)."""
+    try:
+        return json.loads((out / "probe.json").read_text()).get("argv")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from study.console import silence_library_notices
     from study.frozen.probe.writers import console_lines, write_figure, write_tensorboard
 
     args = build_parser().parse_args(argv)
-    if refused := links_refused(Path(args.out)):  # before the model is loaded: nothing is written through it
+    out = Path(args.out)
+    # before the model is loaded: nothing is written through a link, nothing the probe did not write is deleted
+    if refused := links_refused(out) or replaced_folder_refused(out, PROBE_FILES, "probe"):
         print(f"study probe: {refused}", file=sys.stderr)
         return 2
     silence_library_notices()
@@ -305,12 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         torch.set_num_threads(threads)  # --threads is for this probe only (a sweep calls main in its own process)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out / "probe.json", json.dumps(report, indent=1))
-    write_figure(report, out)
-    if not args.no_tensorboard:
-        write_tensorboard(report, out)
+    if (previous := _previous_argv(out)) is not None and previous != report.get("argv"):
+        print(f"study probe: {out} held a probe made with other settings; its probe.json, figure and event file "
+              "are replaced whole", flush=True)
+
+    def write(folder: Path) -> None:
+        write_text_atomically(folder / "probe.json", json.dumps(report, indent=1))
+        write_figure(report, folder)
+        if not args.no_tensorboard:
+            write_tensorboard(report, folder)
+
+    build_folder_whole(out, write)
     for line in console_lines(report):
         print(line)
     print(f"probe: {out / 'probe.json'} ({report['seconds']} s)")

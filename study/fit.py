@@ -31,7 +31,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from typing_extensions import override
 
-from study import provenance, tags
+from study import memory, provenance, tags
 from study.atomic import create_folder_exclusively
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
@@ -217,6 +217,10 @@ class StudyCLI(LightningCLI):
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        if self.subcommand == "fit":  # before the trainer, the optimiser or any step: the bound is known by now
+            trainer_config = self.config[self.subcommand]["trainer"]
+            if refused := step_memory_refused(self.model, self.datamodule, trainer_config):
+                raise ConfigError(refused)
         trainer = super().instantiate_trainer(**kwargs)
         quiet_console(trainer)
         verify_checkpoints(trainer)
@@ -230,6 +234,39 @@ class StudyCLI(LightningCLI):
         parser.link_arguments("data.block_size", "model.block_size")
         # tokenizer "auto" / "model" reads the loaded model's own tokenizer.
         parser.link_arguments("model.model_name_or_path", "data.model_name_or_path")
+
+
+def step_shape(module: CausalLMModule, data: TextDataModule, precision: str) -> memory.StepShape:
+    """The numbers that fix a training step's memory (`study.memory`), read off the built model and data."""
+    from study.attention import blockwise
+
+    config, hp = module.model.config, module.hparams
+    width, heads = int(config.hidden_size), int(config.num_attention_heads)
+    mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * width
+    batch, length = int(data.hparams.batch_size), int(data.hparams.block_size)
+    params = {p.data_ptr(): p for p in module.model.parameters()}.values()  # tied weights once
+    spec = module.attention  # the AttentionSpec (hparams keep it as a dict)
+    explicit = 0 if spec.is_stock_softmax else len(spec.layers or range(config.num_hidden_layers))
+    rows = blockwise.block_rows(batch * heads, length, length) or length
+    half = "16" in precision and "64" not in precision
+    return memory.StepShape(
+        parameters=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
+        optimizer_states=2 if hp.optimizer == "adamw" else 0, batch=batch, length=length, vocab=int(config.vocab_size),
+        layers=int(config.num_hidden_layers), width=width, mlp_width=int(mlp),
+        weight_bytes=2 if half and precision.endswith("-true") else 8 if "64" in precision else 4,
+        activation_bytes=2 if half else 8 if "64" in precision else 4,
+        checkpointing=bool(hp.gradient_checkpointing), scores=batch * heads * rows * length, explicit_layers=explicit,
+    )  # fmt: skip
+
+
+def step_memory_refused(module: CausalLMModule, data: TextDataModule, trainer_config) -> str | None:
+    """One line when a training step's lower bound exceeds what this machine offers it (`study.memory`)."""
+    import torch
+
+    precision, accelerator = str(trainer_config.get("precision") or "32"), str(trainer_config.get("accelerator"))
+    on_cuda = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    limit = memory.cuda_limit() if on_cuda else memory.host_limit()
+    return memory.refusal(memory.step_lower_bound(step_shape(module, data, precision)), limit)
 
 
 def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:

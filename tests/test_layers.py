@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "study.cachefolder": 0,
     "study.atomic": 0,
     "study.resident": 0,
+    "study.memory": 0,
     "study.attention": 1,
     "study.metrics": 1,
     "study.callbacks": 2,

@@ -5,8 +5,10 @@ The bound counts only memory a step cannot do without, each part at its smallest
 - the weights, their gradients (the trainable ones) and the optimiser's state (AdamW: two tensors a weight);
 - the logits and the log-probabilities the cross-entropy keeps for the backward pass (B x L x vocabulary each,
   the second in float32 whatever the precision: transformers' loss upcasts the logits);
-- the activations each layer keeps for the backward pass: its input and its MLP's hidden layer (B x L x
-  (width + MLP width)); with activation checkpointing only the input (the rest is recomputed);
+- the activations each layer keeps for the backward pass, B x L x (4 width + 2 MLP width): its input and that
+  input normalised, the queries, the attention's output (the output projection's input), and the MLP's hidden
+  layer before and after its activation (each one's backward needs it); with activation checkpointing only the
+  layer's input (the rest is recomputed); and the final normalised hidden state the output layer reads;
 - on the explicit attention path (a normaliser other than softmax, top-k), the score matrix one layer keeps,
   B x H x L x L in float32, or one block of it where the blockwise path runs (`study.attention.blockwise`); the
   fused path (stock softmax) materialises none.
@@ -50,13 +52,13 @@ class StepShape:
 def step_lower_bound(shape: StepShape) -> dict[str, int]:
     """The parts of the bound, in bytes (their sum is the bound)."""
     tokens = shape.batch * shape.length
-    kept = shape.width if shape.checkpointing else shape.width + shape.mlp_width
+    kept = shape.width if shape.checkpointing else 4 * shape.width + 2 * shape.mlp_width
     return {
         "weights": shape.parameters * shape.weight_bytes,
         "gradients": shape.trainable * shape.weight_bytes,
         "optimiser state": shape.trainable * shape.optimizer_states * FLOAT32,
         "logits": tokens * shape.vocab * (shape.activation_bytes + FLOAT32),
-        "kept activations": shape.layers * tokens * kept * shape.activation_bytes,
+        "kept activations": (shape.layers * kept + shape.width) * tokens * shape.activation_bytes,
         "attention scores": shape.explicit_layers * shape.scores * FLOAT32,
     }
 

@@ -266,3 +266,21 @@ def test_spec_option_checked_hashed_in_the_hparams_and_old_pickles_load():
     restored.__setstate__(state)
     assert restored == old and restored.output_gate is False
     assert pickle.loads(pickle.dumps(AttentionSpec(output_gate=True))).output_gate is True
+
+
+@pytest.mark.slow  # builds the data module twice: a few seconds
+def test_study_fit_takes_it_from_a_yaml_config_and_refuses_it_with_a_pretrained_model(text_files, tmp_path):
+    from study.attention import attention_modules
+    from study.fit import lightning_main
+    from tests.test_cli import fit_args
+
+    config = tmp_path / "gated.yaml"
+    config.write_text("model:\n  attention:\n    output_gate: true\n    temperature: 0.1\n")
+    cli = lightning_main(fit_args(text_files, tmp_path, "--config", str(config))[1:], run=False)
+    modules = attention_modules(cli.model.model)
+    assert len(modules) == 2 and all(isinstance(m.study_output_gate, OutputGate) for m in modules)
+    with pytest.raises((SystemExit, ValueError)) as info:
+        lightning_main(fit_args(text_files, tmp_path, "--config", str(config), "--model.model_name_or_path=gpt2")[1:],
+                       run=False)
+    assert "output_gate=True adds a new gate to every attention layer" in str(info.value)
+    assert not (tmp_path / "logs").exists()  # nothing trained, nothing logged

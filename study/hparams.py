@@ -41,7 +41,7 @@ from tensorboard.plugins.hparams.metadata import (
 from study import tags
 from study.atomic import write_text_atomically
 
-STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer", "qk_norm"))
+STUDY_AXES = tuple(tags.attention_hparam(f) for f in ("temperature", "top_k", "normalizer", "qk_norm", "output_gate"))
 """The hyperparameters a study varies; listed first wherever an experiment is declared."""
 
 HPARAMS_METRICS = {

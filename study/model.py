@@ -39,7 +39,8 @@ class CausalLMModule(L.LightningModule):
     """Fine-tune a pretrained causal LM (or train a GPT-2 from scratch) with a chosen attention normalisation.
 
     Args:
-        attention: normaliser, temperature T, top-k selection and layers (`study.attention.AttentionSpec`).
+        attention: normaliser, temperature T, top-k selection and layers (`study.attention.AttentionSpec`); its
+            `output_gate` only on a model built from scratch (a new gate would change a pretrained one).
         model_name_or_path: what `from_pretrained` loads: a hub name ("gpt2"), a local folder, or an embedded
             short name ("smollm2-135m", materialised offline by `study.pretrained.resolve_model`); None builds a
             fresh GPT-2 from the size arguments below.
@@ -137,6 +138,10 @@ class CausalLMModule(L.LightningModule):
             if attention.qk_norm:
                 raise ValueError("temperature_in='init' with qk_norm=True: QK-norm divides out the initial scale of "
                                  "q and k, so the fold would do nothing")
+        if attention.output_gate and model_name_or_path:
+            raise ValueError(f"output_gate=True adds a new gate to every attention layer, which would change what "
+                             f"the pretrained {model_name_or_path!r} computes; it is for models built from scratch "
+                             "(model_name_or_path null)")
         # `logger=False`: hyperparameters go to TensorBoard from `on_fit_start`, flattened and declared together
         # with the metrics that HParams compares runs by.
         self.save_hyperparameters(logger=False)

@@ -177,6 +177,7 @@ def test_runs_from_summaries_keep_their_arm_and_their_own_loss_at_init():
     folded = lr_run(_summary({**base, "temperature_in": "init"}, {tags.VAL_LOSS: [(0, 7.4), (10, 5.0)]}))
     assert (folded.arm, folded.init_loss, folded.final_loss, folded.stable) == ("init_scale", 7.4, 5.0, True)
     assert lr_run(_summary(base, {tags.VAL_LOSS: [(0, 7.4), (10, 5.0)]})).arm == "softmax"
+    assert lr_run(_summary({**base, "output_gate": True}, {tags.VAL_LOSS: [(0, 7.4), (10, 5.0)]})).arm == "output_gate"
     sweep = [_summary({**base, "learning_rate": lr}, {}) for lr in (1e-3, 1e-2, 1e-1)]
     assert is_lr_sweep(sweep)
     fine_tuned = [_summary({**base, "learning_rate": lr}, {}, loaded="gpt2") for lr in (1e-3, 1e-2, 1e-1)]

@@ -26,7 +26,7 @@ def test_run_names_are_unchanged_for_the_four_paper_axes():
 def test_every_axis_labels_distinct_values_distinctly():
     samples = {"temperature": [0.1, 0.10000001, 1], "top_k": [None, 1, 16], "normalizer": ["softmax", "ssmax"],
                "seed": [0, 10], "learning_rate": [1e-3, 1.0001e-3], "optimizer": ["adamw", "sgd"],
-               "qk_norm": [False, True], "temperature_in": ["softmax", "init"]}
+               "qk_norm": [False, True], "temperature_in": ["softmax", "init"], "output_gate": [False, True]}
     assert set(samples) == set(grid_keys())  # a new axis needs a sample here
     for axis in AXES:
         labels = [axis.label(v) for v in samples[axis.key]]
@@ -101,7 +101,7 @@ def test_an_axis_is_one_entry_of_the_table(tmp_path, monkeypatch):
     assert plan.runs[1].resolved["model"]["attention"]["alpha"] == 2
     assert plan.runs[0].params == {"temperature": 0.5, "top_k": None, "normalizer": "entmax", "seed": 0,
                                    "learning_rate": plan.runs[0].params["learning_rate"], "optimizer": "adamw",
-                                   "qk_norm": False, "temperature_in": "softmax", "alpha": 1.5}
+                                   "qk_norm": False, "temperature_in": "softmax", "output_gate": False, "alpha": 1.5}
     assert plan.hparams_domains()[tags.attention_hparam("alpha")] == [1.5, 2]
     assert plan.as_dict()["grid_keys"][-1] == "alpha"
     with pytest.raises(SweepConfigError, match="grid `alpha` value 'x' is invalid"):

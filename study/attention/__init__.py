@@ -1,7 +1,8 @@
 """Attention normalisation in pure torch, and (loaded on first use) its registration with Hugging Face transformers.
 
 Public API:
-    AttentionSpec           normaliser, temperature T, top-k selection, layers, QK-norm (`QKNorm`: its gains)
+    AttentionSpec           normaliser, temperature T, top-k selection, layers, QK-norm (`QKNorm`: its gains),
+                            the output gate (`OutputGate`: its weights)
     apply_attention_spec    switch any transformers model (GPT-2, Llama, BERT, ViT, ...) to a spec
     attend                  the same computation for models that are not from transformers
     tapping, AttentionTap   let monitors observe attention rows on the steps they log
@@ -9,13 +10,15 @@ Public API:
     blockwise_settings      when the explicit path runs in blocks of query rows (long contexts), and their size
 
 Layers, bottom up: `registry` (the `Normalizer` base and the name table) <- `select` (top-k, one tie rule) <-
-`normalizers` (the built-ins) <- `spec` <- `qknorm` <- `tap` <- `blockwise` <- `core` (`attend`) <- `hf` (transformers).
+`normalizers` (the built-ins) <- `spec` <- `qknorm`, `gate` <- `tap` <- `blockwise` <- `core` (`attend`) <- `hf`
+(transformers).
 Importing this package does not import transformers: the names that need it (`apply_attention_spec`,
 `attention_modules`, `current_spec`, `IMPLEMENTATION`) load `study.attention.hf` when first read.
 """
 
 from study.attention.blockwise import BlockwiseSettings, blockwise_settings
 from study.attention.core import attend, causal_allowed
+from study.attention.gate import OutputGate
 from study.attention.normalizers import NORMALIZERS, Normalizer, top_k_allowed
 from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class, register_normalizer
@@ -45,6 +48,7 @@ __all__ = [
     "AttentionTap",
     "BlockwiseSettings",
     "Normalizer",
+    "OutputGate",
     "QKNorm",
     "active_taps",
     "apply_attention_spec",

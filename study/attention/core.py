@@ -11,6 +11,7 @@ The logit of key j for query i, in this order (the model's own logit first, then
 
 then top-k selection on z among the visible keys, the spec's normaliser, and, with ``sinks``, one extra logit per
 head (gpt-oss's attention sink, also divided by T) that takes part in the softmax's denominator and is dropped.
+With ``spec.output_gate`` the output of every path is then gated by ``sigmoid(X W)`` (`study.attention.gate`).
 Visible keys: the mask, causality (query i, aligned to the end of the keys, sees keys up to itself) and the
 sliding window (keys less than ``sliding_window`` positions away: before the query when causal, on either side
 when not). At T = 1 with stock softmax every model gets exactly its own attention. (For transformers models
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from study.attention import blockwise, tap
+from study.attention.gate import OutputGate
 from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
 from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
@@ -150,6 +152,8 @@ def attend(
     sinks: Tensor | None = None,
     sliding_window: int | None = None,
     qk_norm: QKNorm | None = None,
+    output_gate: OutputGate | None = None,
+    gate_input: Tensor | None = None,
 ) -> Tensor:
     """Attention output for queries (B, H, Lq, D) over keys/values (B, Hkv, Lk, D); returns (B, H, Lq, Dv).
 
@@ -171,6 +175,9 @@ def attend(
         qk_norm: the layer's QK-norm gains, used when ``spec.qk_norm`` (built with gains of 1 when omitted;
             transformers models get one per layer from `apply_attention_spec`). q and k are normalised first,
             before the scale and every transform below, on every path.
+        output_gate, gate_input: with ``spec.output_gate``, the layer's gate and its input X (B, Lq, d_model):
+            the output is multiplied by ``output_gate(X)``, (B, H, Lq, Dv), on every path. Both are required then
+            (a gate's weights are the model's: none is made up here); without the option both are ignored.
 
     The order of these transforms is in the module docstring. The normaliser gets the allowed keys after top-k
     selection and, as ``visible``, the mask before it (SSMax's n counts the visible keys).
@@ -178,6 +185,20 @@ def attend(
     Key/value heads fewer than query heads (grouped-query attention) are shared across query groups.
     """
     _check_transforms(query, spec, softcap, sinks, sliding_window)
+    if spec.output_gate and (output_gate is None or gate_input is None):  # before any work
+        missing = [name for name, given in (("output_gate", output_gate), ("gate_input", gate_input)) if given is None]
+        raise ValueError(f"spec.output_gate=True needs the layer's gate and its input; {' and '.join(missing)} not given")
+    output = _attend(query, key, value, spec, mask, causal, scaling=scaling, dropout=dropout, normalizer=normalizer,
+                     layer=layer, softcap=softcap, logit_bias=logit_bias, sinks=sinks, sliding_window=sliding_window,
+                     qk_norm=qk_norm)
+    return output_gate.gated(output, gate_input) if spec.output_gate else output
+
+
+def _attend(query: Tensor, key: Tensor, value: Tensor, spec: AttentionSpec, mask: Tensor | None, causal: bool, *,
+            scaling: float | None, dropout: float, normalizer: Normalizer | None, layer: int | None,
+            softcap: float | None, logit_bias: Tensor | None, sinks: Tensor | None, sliding_window: int | None,
+            qk_norm: QKNorm | None) -> Tensor:
+    """`attend` before the output gate: every path, from QK-norm to the weighted values."""
     if spec.qk_norm:  # before the paths split: the fused, dense and blockwise paths all see the normalised q, k
         if qk_norm is None:
             qk_norm = QKNorm(query.shape[1], key.shape[1]).to(query.device)

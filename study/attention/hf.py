@@ -30,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from study.attention import tap
 from study.attention.core import attend
+from study.attention.gate import OutputGate
 from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
@@ -83,6 +84,13 @@ def _attention_forward(
     # entries), so causality and the window argument are applied only when there is no mask.
     if attention_mask is not None:
         is_causal, sliding_window = False, None
+    gate = None if cross else getattr(module, "study_output_gate", None)
+    gate_input = None
+    if gate is not None:  # the layer's input, held by `_hold_gate_input` since this module's forward began
+        gate_input, gate.input = gate.input, None
+        if gate_input is None:
+            raise ValueError(f"{type(module).__name__}'s output gate has no input: its attention function was called "
+                             "outside the module's forward")
     # Cross-attention runs stock softmax at T = 1, hidden from the taps (see the module docstring).
     with tap.suspended() if cross else nullcontext():
         output = attend(
@@ -101,6 +109,8 @@ def _attention_forward(
             sinks=s_aux,
             sliding_window=sliding_window,
             qk_norm=None if cross else getattr(module, "study_qk_norm", None),
+            output_gate=gate,
+            gate_input=gate_input,
         )
     return output.transpose(1, 2).contiguous(), None
 
@@ -185,6 +195,46 @@ def _own_qk_norm(module: nn.Module) -> list[str]:
             if isinstance(getattr(module, name, None), nn.Module) and not isinstance(getattr(module, name), nn.Identity)]
 
 
+def _hold_gate_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a gated attention module: hold its input X (``hidden_states``, after the block's
+    pre-norm) on its gate until the attention function reads it. A plain function, so that a deep copy of the model
+    keeps it and it finds the copy's gate."""
+    gate = getattr(module, "study_output_gate", None)
+    if gate is None:
+        return
+    hidden_states = kwargs.get("hidden_states", args[0] if args else None)
+    if not isinstance(hidden_states, Tensor):
+        raise ValueError(f"output_gate=True, but {type(module).__name__}'s forward got no hidden_states tensor to "
+                         "compute the gate from")
+    gate.input = hidden_states
+
+
+def _remove_gate_hook(module: nn.Module) -> None:
+    """Drop `_hold_gate_input` from a module's forward pre-hooks (torch keeps no name for a hook but its id)."""
+    for hook_id, hook in list(module._forward_pre_hooks.items()):
+        if hook is _hold_gate_input:
+            del module._forward_pre_hooks[hook_id]
+            module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
+
+
+def _output_gate(model: nn.Module, module: nn.Module, config, num_heads: int) -> OutputGate:
+    """A gate for one attention module, as Qiu et al. build theirs: extra columns of the query projection, so the
+    model's own init of a linear layer (`_init_weights`) and a bias when the attention projections have one."""
+    hidden_size = getattr(config, "hidden_size", None)
+    if not isinstance(hidden_size, int):
+        raise ValueError(f"output_gate=True: cannot tell the hidden size of {type(model).__name__} (config.hidden_size)")
+    head_dim = getattr(module, "head_dim", None)
+    head_dim = head_dim if isinstance(head_dim, int) else hidden_size // num_heads
+    own = [name for name, _ in module.named_parameters() if not name.startswith("study_")]
+    gate = OutputGate(hidden_size, num_heads, head_dim, bias=any(name.endswith("bias") for name in own))
+    init_weights = getattr(model, "_init_weights", None)
+    if init_weights is None:
+        raise ValueError(f"output_gate=True: {type(model).__name__} has no _init_weights to initialise the gate as "
+                         "its own linear layers")
+    init_weights(gate.linear)
+    return gate
+
+
 def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """Make every self-attention layer of ``model`` that ``spec.layers`` selects use ``spec``; returns the model.
 
@@ -192,7 +242,10 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     Gemma 2 with its soft-capping, gpt-oss with its sinks), encoders (BERT) and vision transformers (ViT).
     Layers are numbered in module order (see the module docstring); cross-attention stays stock. Each selected
     layer gets ``study_spec`` and a ``study_normalizer`` submodule (so learnable normaliser parameters train and
-    are saved with the model); the others get stock softmax. Calling it again replaces the spec. Raises
+    are saved with the model); the others get stock softmax. With ``spec.output_gate`` each selected layer also gets
+    a fresh ``study_output_gate`` (`OutputGate`, drawn by the model's own init) and a forward pre-hook that hands it
+    the layer's input: the model then computes another function, so give it to models you train from scratch.
+    Calling it again replaces the spec (and removes a gate it does not ask for). Raises
     ValueError when the model has no such attention layers or ``spec.layers`` names a missing one.
     """
     calls = _attention_calls(model)
@@ -234,6 +287,15 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             # A submodule of the attention module: trained under `trainable: attention`, saved in its state dict.
             qk_norm = QKNorm(num_heads, _num_kv_heads(module, config, num_heads))
             module.study_qk_norm = qk_norm if param is None else qk_norm.to(device=param.device)
+        if hasattr(module, "study_output_gate"):  # a spec applied before: its gate goes with it
+            del module.study_output_gate
+        _remove_gate_hook(module)
+        if layer_spec.output_gate:
+            # A submodule too: trained under `trainable: attention`, saved in its state dict. The attention
+            # function sees q, k and v only, so the layer's input reaches the gate through a pre-hook.
+            gate = _output_gate(model, module, config, num_heads)
+            module.study_output_gate = gate if param is None else gate.to(device=param.device, dtype=param.dtype)
+            module.register_forward_pre_hook(_hold_gate_input, with_kwargs=True)
     if config is not None and config._attn_implementation != implementation_for(model):
         model.set_attn_implementation(implementation_for(model))
     return model
@@ -248,9 +310,11 @@ def stock_copy(model: nn.Module, implementation: str = "eager") -> nn.Module:
     """A deep copy of a transformers model running stock attention (for parity checks)."""
     clone = copy.deepcopy(model)
     for module, _ in _attention_calls(clone):
-        for attr in ("study_spec", "study_normalizer", "study_layer", "study_cross_attention", "study_qk_norm"):
+        for attr in ("study_spec", "study_normalizer", "study_layer", "study_cross_attention", "study_qk_norm",
+                     "study_output_gate"):
             if hasattr(module, attr):
                 delattr(module, attr)
+        _remove_gate_hook(module)
     clone.set_attn_implementation(implementation)
     return clone
 

@@ -43,6 +43,11 @@ class AttentionSpec:
         qk_norm: normalise q and k per head (RMS over the head dimension, a trainable scalar gain per head,
             `study.attention.qknorm`) before their dot product, on every path and with every normaliser; the
             logits are then bounded by ``g_q g_k d * scaling / T`` (``g^2 sqrt(d) / T`` at the default scale).
+        output_gate: gate each head's attention output elementwise by ``sigmoid(X W)`` before the output
+            projection, X the layer's input (Qiu et al. 2025's G1 gate, `study.attention.gate`; W trainable, one
+            per layer). It rescales the output, not the weights, so it composes with every normaliser, T and top-k.
+            A new gate changes a model's function: for models built from scratch (`study.model` refuses it on a
+            pretrained one).
 
     Validation happens at construction, so a bad value fails before any model or data is touched.
     """
@@ -57,6 +62,7 @@ class AttentionSpec:
     ssmax_scale: float | None = None
     self_adjust_variant: str | None = None
     qk_norm: bool = False
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.normalizer, str):
@@ -80,6 +86,8 @@ class AttentionSpec:
             raise ValueError(f"learnable must be None, True or False, got {self.learnable!r}")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"qk_norm must be True or False, got {self.qk_norm!r}")
+        if not isinstance(self.output_gate, bool):
+            raise ValueError(f"output_gate must be True or False, got {self.output_gate!r}")
         given = self._given_options()
         object.__setattr__(self, "options", {**normalizer.options, **given})
         for key in OPTION_KEYS:  # mirrors of the resolved options (None where the normaliser has no such option)
@@ -109,12 +117,13 @@ class AttentionSpec:
             declared = normalizer_class(state["normalizer"]).options
             kept = {k: state[k] for k in OPTION_KEYS if k in declared and state.get(k) is not None}
             state = {**state, **dict.fromkeys(OPTION_KEYS), "options": kept}
-        self.__dict__.update(state)
+        # A spec pickled before the output gate existed has no `output_gate`: it ran without one.
+        self.__dict__.update({"output_gate": False, **state})
         self.__post_init__()
 
     def __hash__(self) -> int:  # `options` is a dict: hash its items
         return hash((self.normalizer, self.temperature, self.top_k, self.layers, self.learnable,
-                     tuple(sorted(self.options.items())), self.qk_norm))
+                     tuple(sorted(self.options.items())), self.qk_norm, self.output_gate))
 
     @property
     def is_stock_softmax(self) -> bool:
@@ -137,6 +146,7 @@ class AttentionSpec:
             "layers": "all" if self.layers is None else ",".join(map(str, self.layers)),
             "learnable": self.is_learnable,
             "qk_norm": self.qk_norm,
+            "output_gate": self.output_gate,
         }
         # the normaliser's own options, each a column of its own (a value HParams cannot show becomes its repr)
         for key, value in self.options.items():

@@ -34,12 +34,13 @@ from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean
 from study.report.summary import Summary
 from study.report.table import table
 
-ARMS = ("softmax", "qk_norm", "init_scale", "uniform")
-SELECTING_ARMS = ("softmax", "qk_norm", "init_scale")  # whose weights read the scores: 3b's "every arm"
-"""The from-scratch arms: T divides the logits; the same with QK-norm; T folded into the initial W_q, W_k; attention
-uniform over the visible keys (the control: what the model reaches without selecting positions)."""
-ARM_LABELS = {"softmax": "softmax", "qk_norm": "softmax + QK-norm", "init_scale": "init-scale control",
-              "uniform": "uniform attention"}
+ARMS = ("softmax", "qk_norm", "output_gate", "init_scale", "uniform")
+SELECTING_ARMS = ("softmax", "qk_norm", "output_gate", "init_scale")  # whose weights read the scores: 3b's "every arm"
+"""The from-scratch arms: T divides the logits; the same with QK-norm; the same with the output gate (gated
+attention); T folded into the initial W_q, W_k; attention uniform over the visible keys (the control: what the model
+reaches without selecting positions)."""
+ARM_LABELS = {"softmax": "softmax", "qk_norm": "softmax + QK-norm", "output_gate": "softmax + output gate",
+              "init_scale": "init-scale control", "uniform": "uniform attention"}
 FAMILY_SIZE = 6  # the judged statistics of docs/findings.md: 1, 2, 3a, 3b, 4a, 4b
 MIN_SEEDS = 3  # complete curves a per-seed interval needs
 MIN_DIVERGED = 5  # diverged runs finding 3b needs
@@ -417,6 +418,8 @@ def arm_of(summary: Summary) -> str:
     params = summary.run.params if summary.run is not None else {}
     if params.get("qk_norm") or (summary.run is not None and summary.run.setting("model.attention.qk_norm")):
         return "qk_norm"
+    if params.get("output_gate") or (summary.run is not None and summary.run.setting("model.attention.output_gate")):
+        return "output_gate"  # its own curves: pooled with the softmax arm, a gated run would move its findings
     if (params.get("temperature_in") or (summary.run.setting("model.temperature_in") if summary.run else None)) == "init":
         return "init_scale"
     normalizer = params.get("normalizer") or (summary.run.setting("model.attention.normalizer") if summary.run else None)

@@ -117,9 +117,12 @@ AXES: tuple[Axis, ...] = (
          _attention_check("qk_norm"), default=False, numeric=False, always_named=False),
     Axis("temperature_in", "model.temperature_in", "temperature_in", lambda v: f"Tin{v}", _temperature_in_check,
          default="softmax", numeric=False, always_named=False),
+    Axis("output_gate", "model.attention.output_gate", tags.attention_hparam("output_gate"),
+         lambda v: "gate" if v else "nogate", _attention_check("output_gate"), default=False, numeric=False,
+         always_named=False),
 )  # fmt: skip
-"""Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05, qkn, Tininit when the grid varies
-them: the from-scratch sweep's QK-norm arm and init-scale control, configs/sweeps/scratch.yaml)."""
+"""Run names join the labels in this order: T0.1_k4_softmax_s0 (then lr3e-05, qkn, Tininit, gate when the grid
+varies them: the from-scratch sweep's QK-norm arm, init-scale control and gated-attention arm)."""
 
 
 

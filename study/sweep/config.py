@@ -420,6 +420,10 @@ def check_run_settings(what: str, resolved: dict) -> None:
     lr = _number(dotted_get(resolved, "model.learning_rate"))
     if lr is not None and not lr > 0:  # not a number at all: `study fit`'s own parser names it
         raise SweepConfigError(f"{what}: model.learning_rate must be a positive number, got {lr:g}")
+    pretrained = dotted_get(resolved, "model.model_name_or_path")
+    if dotted_get(resolved, "model.attention.output_gate") is True and pretrained:
+        raise SweepConfigError(f"{what}: model.attention.output_gate true on the pretrained model {pretrained!r}: a new "
+                               "gate would change what it computes; the gate is for models built from scratch")
     top_k, block = dotted_get(resolved, "model.attention.top_k"), _number(dotted_get(resolved, "data.block_size"))
     if isinstance(top_k, int) and not isinstance(top_k, bool) and block is not None and top_k >= block:
         raise SweepConfigError(f"{what}: model.attention.top_k {top_k} >= data.block_size {int(block)}: it selects "
@@ -483,6 +487,9 @@ def build_plan(
         p_dir = sweep_dir / "pretrain"
         p_args, p_resolved = args_for(p_dir, p_over, pretraining=True)
         check_run_settings("the pretraining run", p_resolved)
+        if dotted_get(p_resolved, "model.attention.output_gate") is True:  # `save_pretrained` keeps no study module
+            raise SweepConfigError("the pretraining run: model.attention.output_gate true, but the fine-tuning runs load "
+                                   "its saved model without the gate; train gated models from scratch in the grid")
         p_depends = run_dependencies(base, p_resolved, sweep_dir)
         pretrain = Run("pretrain", "pretrain", p_dir, {}, p_args, p_resolved, p_depends)
         pretrained_path = str(p_dir / "hf")

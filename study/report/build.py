@@ -25,6 +25,7 @@ from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report import origin as runs_origin
+from study.report.effects import per_t_json
 from study.report.figures import figures, normalizers
 from study.report.findings import (
     Finding,
@@ -427,6 +428,7 @@ def _write_report(
     )  # fmt: skip
     data["origin"] = runs_origin.origin_json(origin)
     data["excess_slopes"] = excess_json(primary)
+    data["per_t"] = per_t_json(primary)
     if check is not None:
         data["numerics_check"] = check
     found_controls = planted_controls.controls()  # planted settings with known verdicts (study.report.controls)

@@ -155,3 +155,38 @@ def test_against_paper_reads_the_interval_against_minus_one(lo, hi, words):
 def test_number_is_plain_between_a_thousandth_and_a_hundred_thousand():
     assert [number(x) for x in (1.23456e10, 60.24, 1210.4, 0.02, 74.0, 0.000123, 123456)] == [
         "1.23e10", "60.2", "1,210", "0.02", "74", "1.23e-4", "1.23e5"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_built_report_opens_with_its_effect_in_markdown_json_and_tensorboard(tmp_path):
+    """`build_report` on a sweep folder of 3 T x 3 seeds: report.json holds the table, report.md's plain words and
+    the TensorBoard Text entry open with the same sentences, the verdicts after them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from study.report import build_report
+    from tests.test_report import write_fake_run
+
+    sweep, runs = tmp_path / "tiny", []
+    for t in TEMPS:
+        for seed in SEEDS:
+            f = factor(t, seed)
+            name, params = f"T{t:g}_kall_softmax_s{seed}", {"temperature": t, "top_k": None, "seed": seed}
+            write_fake_run(sweep, name, params, {
+                "train/loss": [(0, 5.0), (1, 4.0)], "val/loss": [(0, 4.5), (2, 4.0)], "val/ppl": [(2, 20 * f / t)],
+                "grad_norm/attn_q": [(0, f / t), (1, f / t)], "grad_norm/attn_k": [(0, f / t), (1, f / t)],
+                sources.ENTROPY: [(2, 2 * t * f)],
+            })  # fmt: skip
+            runs.append({"name": name, "params": params})
+    (sweep / "plan.json").write_text(json.dumps({"sweep": "tiny", "runs": runs}))
+    path = build_report(sweep)
+    table = json.loads((path.parent / "report.json").read_text())["per_t"]
+    effects = {e["key"]: e for e in table["effects"]}
+    assert set(effects) == {"grad_qk", "val_ppl", "entropy"} and table["gradients"].startswith("float32")
+    assert effects["val_ppl"]["interval"]["estimate"] == pytest.approx(reference_fold([100 * SPREAD[s] for s in SEEDS])[0])
+    plain = path.read_text().split("## In plain words\n\n")[1]
+    assert plain.startswith(opening({"per_t": table})) and plain.startswith("From T = 1 to T = 0.01 (adamw")
+    assert plain.index("Validation perplexity after training grows") < plain.index("9 runs (9 finished)")
+    acc = EventAccumulator(str(path.parent), size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors(tags.REPORT_SUMMARY)[0].tensor_proto.string_val[0].decode()
+    assert text.startswith(opening({"per_t": table}))

@@ -122,6 +122,8 @@ def test_float32_gradients_say_which_levels_they_keep():
     assert "over the whole network (to T = 0.1, the lowest T the findings keep)" in text
     assert "float32 medians over the logged steps, at the levels the findings keep" in text
     assert "Under " not in text  # no learning-rate sweep, no learning-rate sentence
+    one_t = per_t_json([main_run(1.0, s) for s in SEEDS])  # no lower T: a table, no effect, no opening
+    assert one_t["quantities"] and one_t["effects"] == [] and opening({"per_t": one_t}) == ""
 
 
 def test_the_plain_summary_opens_with_the_effect_and_says_far_steeper(sweep):
@@ -186,6 +188,9 @@ def test_a_built_report_opens_with_its_effect_in_markdown_json_and_tensorboard(t
     plain = path.read_text().split("## In plain words\n\n")[1]
     assert plain.startswith(opening({"per_t": table})) and plain.startswith("From T = 1 to T = 0.01 (adamw")
     assert plain.index("Validation perplexity after training grows") < plain.index("9 runs (9 finished)")
+    # no spike, no divergence: no stability figure of empty panels, a sentence under Figures instead
+    assert not (path.parent / "stability_vs_T.png").exists()
+    assert "stability_vs_T.png is not drawn: no divergence" in path.read_text().split("## Figures")[1]
     acc = EventAccumulator(str(path.parent), size_guidance={"tensors": 0})
     acc.Reload()
     text = acc.Tensors(tags.REPORT_SUMMARY)[0].tensor_proto.string_val[0].decode()

@@ -58,8 +58,8 @@ def test_every_figure_draws_the_main_arm_only(sweep, tmp_path, monkeypatch):
     main, arm = sweep
     drawn = {}
     monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
-    not_drawn = {}
-    made = F.figures(main + arm, tmp_path, not_drawn)
+    made = F.figures(main + arm, tmp_path)
+    not_drawn = F.not_drawn(main + arm, made)
     assert set(made) == {"curves.png", "sensitivity_vs_T.png", "dilution_vs_n.png", "attention_vs_T.png",
                          "ppl_heatmap.png", "arms.png"}  # fmt: skip
     # the AdamW runs had no spike and no divergence: no figure of zero-height bars, a sentence instead

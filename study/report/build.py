@@ -26,7 +26,7 @@ from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report import origin as runs_origin
 from study.report.effects import per_t_json
-from study.report.figures import figures, normalizers
+from study.report.figures import figures, normalizers, not_drawn
 from study.report.findings import (
     Finding,
     depth_statement,
@@ -166,11 +166,11 @@ def report_text(
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
     frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
-    origin_lines: list[str] | None = None, not_drawn: dict[str, str] | None = None,
+    origin_lines: list[str] | None = None, figures_not_drawn: dict[str, str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
-    words (`markdown.plain_summary` of report.json's data) that opens it; ``not_drawn`` {figure: why} the figures left
+    words (`markdown.plain_summary` of report.json's data) that opens it; ``figures_not_drawn`` {figure: why} the figures left
     out because they would show nothing, said in words under Figures."""
     not_counted = not_counted or []
     found, family = judgement or judged(summaries, probe)
@@ -260,7 +260,7 @@ def report_text(
     parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]
-    parts += [f"{why}\n" for why in (not_drawn or {}).values()]  # a figure that would show nothing, said in words
+    parts += [f"{why}\n" for why in (figures_not_drawn or {}).values()]  # a figure that would show nothing, said in words
     if missing:
         parts += ["## Not logged", "", "Not found in any run (no finding uses made-up values): "]
         parts += [", ".join(f"`{t}`" for t in missing), ""]
@@ -411,8 +411,7 @@ def _write_report(
     check: dict | None,
 ) -> Path:  # fmt: skip
     """Every file of the report, written into the empty folder ``out``; returns report.md's path."""
-    not_drawn: dict[str, str] = {}
-    made = figures(primary, out, not_drawn) if primary else {}
+    made = figures(primary, out) if primary else {}
     if len({s.normalizer for s in all_runs}) > 1:
         made["normalizers.png"] = normalizers(all_runs, out)
     counted = {s.name for s in all_runs} | {name for s in all_runs for name in s.same_as}
@@ -447,7 +446,7 @@ def _write_report(
                  f"{runs_origin.ALLOW_OPTION}: every training row pools them.\n\n{plain}")
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=plain, frozen_effect=frozen_effect, not_drawn=not_drawn,
+        plain=plain, frozen_effect=frozen_effect, figures_not_drawn=not_drawn(primary, made),
         control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
     )  # fmt: skip
     if lr_curves is not None:

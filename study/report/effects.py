@@ -159,8 +159,8 @@ def _effect(cells: list[dict], q: Quantity, t_from: float, t_to: float) -> dict 
 def per_t_json(summaries: list[Summary]) -> dict | None:
     """report.json's per-temperature table of these runs (every arm; the table reads the main arm's k = all softmax
     runs, the learning-rate result every arm's), with the effects from the reference T to the lowest T the findings
-    keep; None without such runs."""
-    runs = [s for s in k_all(main_arm(summaries)) if s.state != "missing"]
+    keep (none where no T lies below the reference); None without such runs."""
+    runs = k_all(main_arm(summaries))
     if not runs:
         return None
     temps = sorted({s.temperature for s in runs})
@@ -174,7 +174,7 @@ def per_t_json(summaries: list[Summary]) -> dict | None:
                 continue
             table.append({"key": q.key, "label": q.label, "role": q.role, "layer": q.layer, "scale": "geometric" if q.geometric
                           else "linear", "by_T": cells})  # fmt: skip
-            kept = [t for t in temps if t not in left_out and t != t_ref]
+            kept = [t for t in temps if t not in left_out and t < t_ref]  # the paper's effect is of a lower T
             effect = _effect(cells, q, t_ref, min(kept)) if kept else None
             if effect is not None:
                 effects.append(effect)

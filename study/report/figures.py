@@ -282,12 +282,10 @@ def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
             f"some T: points at those T); {drawn(summaries)}")
 
 
-def stability(summaries: list[Summary], out: Path) -> str | None:
-    """Loss spikes, divergences and (when any run clips) clipped steps per T, each T labelled with its number of
-    runs (sums over groups of different sizes are not rates). With clipping off in every run the clipped-steps
-    panel is left out (the caption says so) rather than drawn empty; with no event at all there is no figure
-    (`stability_note` says so in words)."""
-    plt = _plt()
+def _stability_panels(summaries: list[Summary]) -> tuple[list[tuple], list[str], bool]:
+    """(the stability panels with an event in some run, the titles of those without any, whether clipping is off
+    in every run). A panel of zero-height bars shows nothing, so it is left out and named instead; the clipped-steps
+    panel exists only where some run clips."""
     panels = [
         (f"loss spikes above {S.SPIKE_FACTOR} x running median (sum)", lambda s: s.values.get(S.SPIKES), sum),
         ("diverged runs", lambda s: float(s.diverged), sum),
@@ -295,11 +293,19 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
     clipping_off = all(s.clip is None for s in summaries)
     if not clipping_off:
         panels.append(("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean))
-    # a panel of zero-height bars shows nothing: panels without any event are left out and named in the caption
     quiet = [title for title, value, _ in panels if not any(value(s) for s in summaries)]
-    panels = [p for p in panels if p[0] not in quiet]
-    if not panels:  # nothing happened: no figure; the report says so in words (`stability_note`)
+    return [p for p in panels if p[0] not in quiet], quiet, clipping_off
+
+
+def stability(summaries: list[Summary], out: Path) -> str | None:
+    """Loss spikes, divergences and (when any run clips) clipped steps per T, each T labelled with its number of
+    runs (sums over groups of different sizes are not rates). With clipping off in every run the clipped-steps
+    panel is left out (the caption says so) rather than drawn empty; with no event at all there is no figure
+    (`not_drawn` says so in words)."""
+    panels, quiet, clipping_off = _stability_panels(summaries)
+    if not panels:  # nothing happened: no figure; the report says so in words (`not_drawn`)
         return None
+    plt = _plt()
     runs = {t: len(v) for t, v in per_t(summaries, lambda s: 1.0).items()}  # per T, for the tick labels
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4), squeeze=False)
     axes = axes[0]
@@ -316,10 +322,14 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
     return f"loss spikes and divergences vs T (all k){clip_note}{none}; {drawn(summaries)}"
 
 
-def stability_note(summaries: list[Summary]) -> str:
-    """Why `stability` drew nothing, in words: no spike, divergence or clipped step in any of these runs."""
-    return (f"stability_vs_T.png is not drawn: no divergence, and no loss spike or clipped step logged, in any of the "
-            f"{len(summaries)} runs it would draw ({drawn(summaries)}); the stability table lists every arm.")
+def not_drawn(summaries: list[Summary], made: dict[str, str]) -> dict[str, str]:
+    """{figure: why} for the figures `figures` left out because they would show nothing: the stability figure of
+    main-arm runs without any spike, divergence or clipped step, said in words instead."""
+    main = main_arm(summaries)
+    if not main or "stability_vs_T.png" in made or _stability_panels(main)[0]:
+        return {}
+    return {"stability_vs_T.png": f"stability_vs_T.png is not drawn: no divergence, and no loss spike or clipped step "
+            f"logged, in any of the {len(main)} runs it would draw ({drawn(main)}); the stability table lists every arm."}  # fmt: skip
 
 
 def arms(summaries: list[Summary], out: Path) -> str | None:
@@ -440,10 +450,9 @@ def normalizers(summaries: list[Summary], out: Path) -> str | None:
     return f"final val/ppl, H/log n and gradient norm vs T per normaliser (median over k and seeds); {drawn(summaries)}"
 
 
-def figures(summaries: list[Summary], out: Path, not_drawn: dict[str, str] | None = None) -> dict[str, str]:
+def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
     """Every figure of the softmax runs; {file: caption} for those drawn. Each draws the main arm only; the other
-    arms get `arms.png`. ``not_drawn`` receives {file: why} for a figure left out because it would show nothing
-    (the stability figure of runs without any event)."""
+    arms get `arms.png`. A figure that would show nothing is not drawn (`not_drawn` says why)."""
     main = main_arm(summaries)
     made = {}
     for name, draw in (
@@ -458,8 +467,6 @@ def figures(summaries: list[Summary], out: Path, not_drawn: dict[str, str] | Non
         caption = draw(main, out)
         if caption:
             made[name] = caption
-        elif draw is stability and main and not_drawn is not None:
-            not_drawn[name] = stability_note(main)
     caption = arms(summaries, out)
     if caption:
         made["arms.png"] = caption

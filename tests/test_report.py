@@ -195,10 +195,12 @@ def test_figures_show_their_data(tmp_path, monkeypatch):
     assert all(line.get_marker() == "o" for line in ppl_ax.lines)  # single points drawn
     assert all(line.get_marker() in (None, "None", "") for line in loss_ax.lines)  # long curves stay lines
 
+    assert F.stability(summaries, tmp_path) is None  # no event at all: no figure of empty panels
+    summaries[0].state = "diverged"
     caption = F.stability(summaries, tmp_path)
-    spikes, diverged = drawn["stability_vs_T.png"].axes  # no empty clipped-steps panel with clipping off
-    assert [t.get_text() for t in spikes.texts] == ["0 at every T (12 runs)"]
-    assert "clipping off in every run" in caption
+    (diverged,) = drawn["stability_vs_T.png"].axes  # no panel without an event, none for clipping that is off
+    assert [p.get_height() for p in diverged.patches] == [1, 0, 0]
+    assert "clipping off in every run" in caption and "none in any run: loss spikes" in caption
 
     F.ppl_heatmap(summaries, tmp_path)
     ax = drawn["ppl_heatmap.png"].axes[0]

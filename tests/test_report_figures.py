@@ -59,8 +59,11 @@ def test_every_figure_draws_the_main_arm_only(sweep, tmp_path, monkeypatch):
     drawn = {}
     monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
     made = F.figures(main + arm, tmp_path)
+    not_drawn = F.not_drawn(main + arm, made)
     assert set(made) == {"curves.png", "sensitivity_vs_T.png", "dilution_vs_n.png", "attention_vs_T.png",
-                         "stability_vs_T.png", "ppl_heatmap.png", "arms.png"}  # fmt: skip
+                         "ppl_heatmap.png", "arms.png"}  # fmt: skip
+    # the AdamW runs had no spike and no divergence: no figure of zero-height bars, a sentence instead
+    assert list(not_drawn) == ["stability_vs_T.png"] and "any of the 18 runs" in not_drawn["stability_vs_T.png"]
     for name, caption in made.items():  # every caption says which runs it draws
         if name != "arms.png":
             assert "adamw, lr 3e-05: " in caption, name
@@ -74,19 +77,15 @@ def test_every_figure_draws_the_main_arm_only(sweep, tmp_path, monkeypatch):
 
     ax = drawn["sensitivity_vs_T.png"].axes[0]
     points = np.concatenate([c.get_offsets() for c in ax.collections])
-    assert len(points) == 3 * 9 and points[:, 1].max() == pytest.approx(100.0)  # 1/T of AdamW, never the arm's 1e10
+    assert len(points) == 2 * 9 and points[:, 1].max() == pytest.approx(100.0)  # 1/T of AdamW, never the arm's 1e10
 
     weight_ax = drawn["dilution_vs_n.png"].axes[0]
     runs = [line for line in weight_ax.lines if line.get_label().startswith("T=")]
     assert len(runs) == 9 and all(line.get_ydata()[0] == pytest.approx(0.3) for line in runs)
 
     entropy_ax = drawn["attention_vs_T.png"].axes[0]
-    k_all = next(line for line in entropy_ax.lines if line.get_label() == "k=all")
-    assert list(k_all.get_ydata()) == pytest.approx([0.41] * 3)  # the AdamW seeds' mean, not pulled to 0.99
-
-    spikes, diverged = drawn["stability_vs_T.png"].axes
-    assert [p.get_height() for p in spikes.patches] == [0, 0, 0]  # the arm's spikes are not counted here
-    assert [p.get_height() for p in diverged.patches] == [0, 0, 0]
+    k_all = next(c for c in entropy_ax.containers if c.get_label() == "k=all")
+    assert list(k_all.lines[0].get_ydata()) == pytest.approx([0.41] * 3)  # the AdamW seeds' mean, not pulled to 0.99
 
     heat = drawn["ppl_heatmap.png"].axes[0]
     texts = {t.get_text() for t in heat.texts}
@@ -96,7 +95,9 @@ def test_every_figure_draws_the_main_arm_only(sweep, tmp_path, monkeypatch):
     arms_ax = drawn["arms.png"].axes[0]
     by_label = {line.get_label(): line for line in arms_ax.lines}
     assert list(by_label["sgd lr 0.01"].get_ydata()) == [ARM_PPL]
-    assert list(by_label["sgd lr 0.01: diverged"].get_xdata()) == [0.01]
+    # the two diverged SGD runs at T = 0.01 sit side by side around 0.01, not one on the other
+    crosses = [float(by_label[f"sgd lr {lr}: diverged"].get_xdata()[0]) for lr in ("0.01", "1")]
+    assert crosses[0] != crosses[1] and all(0.8 * 0.01 < x < 1.25 * 0.01 for x in crosses)
     assert "4 runs" in made["arms.png"]
 
 
@@ -184,3 +185,70 @@ def test_report_events_hold_the_summary_scorecard_and_figures(tmp_path):
     image = acc.Images(images[0])[0]
     assert image.encoded_image_string == (tmp_path / "sensitivity_vs_T.png").read_bytes()
     assert (image.width, image.height) == (150, 100)
+
+
+def step0_sweep() -> list[Summary]:
+    """AdamW runs at 3 T x 3 seeds whose fp32 W_q/W_k norm is off fp64 by 30x at T = 0.01, with float64 step-0 norms
+    of 3 layers, and a top-8 arm of one seed at two of the T."""
+    runs = []
+    for t in MAIN_PPL:
+        for seed in (0, 1, 2):
+            s = _summary(t, None, seed, "adamw", 3e-5, MAIN_PPL[t] + seed, entropy=0.4 + 0.01 * seed + t, grad=1 / t)
+            s.values.update({S.FP64_QK: 30.0 if t == 0.01 else 1.0, S.STEP0_QK: 2 / t, S.SATURATED: 0.1 * seed})
+            s.step0_grads = {"W_q,W_k": {0: 1 / t**2, 1: 1 / t, 2: 1 / t}}
+            runs.append(s)
+    return runs + [_summary(t, 8, 0, "adamw", 3e-5, 500.0, entropy=0.2) for t in (0.01, 1.0)]  # one seed at two T
+
+
+def test_figures_draw_unreliable_values_hollow_and_every_mean_with_its_interval(tmp_path, monkeypatch):
+    """fp32 norms the fp64 check contradicts are hollow and labelled, the float64 step-0 norms filled; every mean has
+    its interval; a k run at two of three T is points at those T, not a line across."""
+    from scipy import stats as scipy_stats
+
+    drawn = {}
+    monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
+    runs = step0_sweep()
+    caption = F.sensitivity(runs, tmp_path)
+    ax = drawn["sensitivity_vs_T.png"].axes[0]
+    by_label = {c.get_label(): c for c in ax.collections}
+    hollow = next(c for label, c in by_label.items() if "left out by the findings" in label)
+    assert len(hollow.get_offsets()) == 3 and set(hollow.get_offsets()[:, 0]) == {0.01}  # the three T = 0.01 runs
+    assert len(hollow.get_facecolors()) == 0 and len(hollow.get_edgecolors())  # no fill: hollow
+    fp32 = by_label["|grad W_q, W_k| float32 (median over steps)"]
+    assert set(fp32.get_offsets()[:, 0]) == {0.1, 1.0} and fp32.get_facecolors().any()  # filled where reliable
+    fp64 = by_label["|grad W_q, W_k| float64 at step 0 (the findings' fit)"]
+    assert sorted(fp64.get_offsets()[:, 1]) == pytest.approx(sorted(2 / t for t in MAIN_PPL for _ in range(3)))
+    assert "hollow: the float32 W_q/W_k norms at T = 0.01" in caption
+    rows = drawn["sensitivity_vs_T.png"].axes[1].containers[0]  # saturated rows: mean 0.1 with its interval
+    expected = 0.1 + scipy_stats.t.ppf(0.975, 2) * np.std([0, 0.1, 0.2], ddof=1) / math.sqrt(3)
+    assert rows.lines[0].get_ydata() == pytest.approx([0.1] * 3)
+    assert [seg[1][1] for seg in rows.lines[2][0].get_segments()] == pytest.approx([expected] * 3)
+
+    F.attention_vs_t(runs, tmp_path)
+    entropy_ax = drawn["attention_vs_T.png"].axes[0]
+    by_label = {c.get_label(): c for c in entropy_ax.containers}
+    k_all, k8 = by_label["k=all"], by_label["k=8 (T = 0.01, 1 only), 1 run per T: no interval"]
+    assert k_all.lines[0].get_linestyle() == "-" and k8.lines[0].get_linestyle() == "None"  # points, no line across
+    assert list(k8.lines[0].get_xdata()) == [0.01, 1.0]
+    bars = k_all.lines[2][0].get_segments()  # one bar per T: the t-interval of the three seeds' entropies
+    half = scipy_stats.t.ppf(0.975, 2) * np.std([0.0, 0.01, 0.02], ddof=1) / math.sqrt(3)
+    assert [seg[1][1] - seg[0][1] for seg in bars] == pytest.approx([2 * half] * 3)
+
+
+
+def test_legends_lie_outside_the_data_and_the_layer_figure_names_its_levels(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(F, "_save", lambda fig, path: drawn.__setitem__(path.name, fig))
+    runs = step0_sweep()
+
+    def outside(fig, ax) -> bool:
+        fig.canvas.draw()
+        return ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+
+    F.curves(runs, tmp_path)
+    fig = drawn["curves.png"]
+    assert outside(fig, fig.axes[1])  # the legend covers no point
+
+    caption = F.layer_sensitivity(runs, tmp_path)
+    title = drawn["layer_sensitivity.png"].axes[0].get_title()
+    assert "fitted on T = 0.01, 0.1, 1 (float64 step-0 norms)" in title and "T = 0.01, 0.1, 1" in caption

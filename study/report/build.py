@@ -17,7 +17,8 @@ from study.report import controls as planted_controls
 from study.report import critical_effect, sources
 from study.report import markdown as md
 from study.report import origin as runs_origin
-from study.report.figures import figures, normalizers
+from study.report.effects import per_t_json
+from study.report.figures import figures, normalizers, not_drawn
 from study.report.findings import (
     Finding,
     depth_statement,
@@ -157,11 +158,12 @@ def report_text(
     missing: list[str], judgement: tuple[list[Finding], Family] | None = None,
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
     frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
-    origin_lines: list[str] | None = None,
+    origin_lines: list[str] | None = None, figures_not_drawn: dict[str, str] | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
-    words (`markdown.plain_summary` of report.json's data) that opens it."""
+    words (`markdown.plain_summary` of report.json's data) that opens it; ``figures_not_drawn`` {figure: why} the figures left
+    out because they would show nothing, said in words under Figures."""
     not_counted = not_counted or []
     found, family = judgement or judged(summaries, probe)
     states = run_states(all_runs, not_counted)
@@ -250,6 +252,7 @@ def report_text(
     parts += ["## Runs", "", md.table(md.RUN_COLUMNS, md.run_rows([*all_runs, *not_counted])), "", "## Figures", ""]
     for name, what in made.items():
         parts += [f"### {what}", "", f"![{what}]({name})", ""]
+    parts += [f"{why}\n" for why in (figures_not_drawn or {}).values()]  # a figure that would show nothing, said in words
     if missing:
         parts += ["## Not logged", "", "Not found in any run (no finding uses made-up values): "]
         parts += [", ".join(f"`{t}`" for t in missing), ""]
@@ -397,6 +400,7 @@ def _write_report(
     )  # fmt: skip
     data["origin"] = runs_origin.origin_json(origin)
     data["excess_slopes"] = excess_json(primary)
+    data["per_t"] = per_t_json(primary)
     if check is not None:
         data["numerics_check"] = check
     found_controls = planted_controls.controls()  # planted settings with known verdicts (study.report.controls)
@@ -412,7 +416,7 @@ def _write_report(
                  f"{runs_origin.ALLOW_OPTION}: every training row pools them.\n\n{plain}")
     text = report_text(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
-        plain=plain, frozen_effect=frozen_effect,
+        plain=plain, frozen_effect=frozen_effect, figures_not_drawn=not_drawn(primary, made),
         control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
     )  # fmt: skip
     if lr_curves is not None:

@@ -16,8 +16,26 @@ from study import tags
 from study.atomic import save_figure
 from study.report import sources
 from study.report import summary as S
-from study.report.findings import ONE_OVER_T, k_all, layer_slopes, main_arm, per_t
-from study.report.stats import fmt
+from study.report.findings import (
+    ONE_OVER_T,
+    fp64_unreliable,
+    gradient_source,
+    k_all,
+    layer_slopes,
+    main_arm,
+    per_t,
+    step0,
+)
+from study.report.stats import (
+    CONFIDENCE,
+    Family,
+    TooFew,
+    family_level,
+    fmt,
+    geometric_interval,
+    mean_interval,
+    percent,
+)
 from study.report.summary import Summary
 
 STYLES = ["-", "--", ":", "-.", (0, (3, 1, 1, 1))]
@@ -64,6 +82,37 @@ def _save(fig, path: Path) -> None:
         _plt().close(fig)
 
 
+def _means(data: dict[float, list[float]], geometric: bool = False) -> tuple[list[float], list[float], list[list[float]]]:
+    """(T, mean, [below, above]) per level: the mean over runs (geometric for positive quantities spanning decades)
+    with its descriptive t-interval (`stats.mean_interval` / `stats.geometric_interval`, at CONFIDENCE) as error-bar
+    lengths; a level with fewer runs than an interval needs gets its mean alone (bars of length 0)."""
+    temps, means, bars = [], [], [[], []]
+    with family_level(Family(1)):  # descriptive: CONFIDENCE alone
+        for t, values in data.items():
+            try:
+                iv = geometric_interval(values) if geometric else mean_interval(values)
+                mean, lo, hi = iv.estimate, iv.lo, iv.hi
+            except TooFew:
+                mean = float(np.exp(np.mean(np.log(values)))) if geometric else float(np.mean(values))
+                lo = hi = mean
+            temps.append(t)
+            means.append(mean)
+            bars[0].append(mean - lo)
+            bars[1].append(hi - mean)
+    return temps, means, bars
+
+
+INTERVALS = f"bars: {percent(CONFIDENCE)} t-interval over runs (none with fewer than 3)"
+
+
+def _legend_outside(ax, below: bool = False) -> None:
+    """The legend to the right of the axes (or ``below`` them), where it covers no data point."""
+    if below:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
 def curves(summaries: list[Summary], out: Path) -> str | None:
     """Training loss and validation perplexity against step, one line per run; the legend names each (T, k) once
     (the seeds share its colour and line style)."""
@@ -88,66 +137,94 @@ def curves(summaries: list[Summary], out: Path) -> str | None:
         ax.set_title(tag)
     axes[1].set_yscale("log")
     if axes[1].get_legend_handles_labels()[0] or axes[0].get_legend_handles_labels()[0]:
-        (axes[1] if axes[1].get_legend_handles_labels()[0] else axes[0]).legend(fontsize=7, ncol=2, loc="upper right")
+        _legend_outside(axes[1] if axes[1].get_legend_handles_labels()[0] else axes[0])
     _save(fig, out / "curves.png")
     return (f"{tags.TRAIN_LOSS} and {tags.VAL_PPL} per run (colour: T, line style: k; one line per seed); "
             f"{drawn(summaries)}")
 
 
+UNRELIABLE_LABEL = "hollow: off fp64 at step 0, left out by the findings"
+
+
 def sensitivity(summaries: list[Summary], out: Path) -> str | None:
-    """Per-run W_q/W_k gradient, Jacobian and total gradient norms vs T, beside the saturated and above-bound rows."""
+    """Per-run W_q/W_k gradient and Jacobian norms vs T (the values the gradient and Jacobian rows read), beside the
+    saturated and above-bound rows (means with intervals). The float32 W_q/W_k norms at the levels the step-0 fp64
+    check contradicts are drawn hollow and labelled: the findings leave them out; the float64 step-0 norms, where
+    logged, are the ones the findings fit."""
     runs = k_all(summaries)
+    bad = fp64_unreliable(runs, S.FP64_QK)
+    qk = per_t(runs, lambda s: s.values.get(S.GRAD_QK))
     series = {
-        "|grad W_q, W_k| (median)": per_t(runs, lambda s: s.values.get(S.GRAD_QK)),
-        "total grad norm (median)": per_t(runs, lambda s: s.values.get(S.GRAD_NORM)),
+        "|grad W_q, W_k| float32 (median over steps)": {t: v for t, v in qk.items() if t not in bad},
+        "|grad W_q, W_k| float64 at step 0 (the findings' fit)": per_t(runs, lambda s: s.values.get(S.STEP0_QK)),
         "attention Jacobian (mean)": per_t(runs, lambda s: s.values.get(S.JACOBIAN)),
     }
-    if not any(series.values()):
+    left_out = {t: v for t, v in qk.items() if t in bad}
+    if not any(series.values()) and not left_out:
         return None
-    plt = _plt()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    temps = sorted({s.temperature for s in runs})
-    grid = np.geomspace(min(temps), max(temps), 50)
-    for (label, data), marker in zip(series.items(), "os^"):
-        pts = [(t, v) for t, vs in data.items() for v in vs if v > 0]
-        if pts:
-            ax.scatter(*zip(*pts), marker=marker, label=label, alpha=0.7)
-    for ref, style, label in ((1 / (4 * grid), "k--", "1/(4T) (entrywise bound)"), (1 / (2 * grid), "k:", "1/(2T)")):
-        ax.plot(grid, ref, style, lw=1, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="norm", title="sensitivity vs T (k = all)")
-    ax.legend(fontsize=7)
+    rows = {}
     for key, label in (
         (S.SATURATED, "saturated rows (max weight > 0.99)"),
         (S.NEAR_QUARTER, "rows with an entry >= 0.9 x 1/(4T)"),
         (S.ENTRY_RATIO, "largest entry x 4T (mean)"),
     ):
-        data = per_t(runs, lambda s, key=key: s.values.get(key))
-        if data:
-            ax2.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=label)
-    ax2.set(xscale="log", xlabel="temperature T", ylabel="fraction / ratio of sampled rows", ylim=(-0.02, 1.02))
-    ax2.legend(fontsize=7)
+        if data := per_t(runs, lambda s, key=key: s.values.get(key)):
+            rows[label] = data
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(13 if rows else 7, 7), squeeze=False)
+    ax = axes[0][0]
+    temps = sorted({s.temperature for s in runs})
+    grid = np.geomspace(min(temps), max(temps), 50)
+    for (label, data), marker in zip(series.items(), "oDs"):
+        pts = [(t, v) for t, vs in data.items() for v in vs if v > 0]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, label=label, alpha=0.7)
+    pts = [(t, v) for t, vs in left_out.items() for v in vs if v > 0]
+    if pts:
+        ax.scatter(*zip(*pts), marker="o", facecolors="none", edgecolors="tab:blue",
+                   label=f"|grad W_q, W_k| float32 at T = {', '.join(fmt(t) for t in sorted(left_out))} ({UNRELIABLE_LABEL})")  # fmt: skip
+    for ref, style, label in ((1 / (4 * grid), "k--", "1/(4T) (entrywise bound)"), (1 / (2 * grid), "k:", "1/(2T)")):
+        ax.plot(grid, ref, style, lw=1, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="norm", title="sensitivity vs T (k = all)")
+    _legend_outside(ax, below=True)
+    if rows:
+        ax2 = axes[0][1]
+        for label, data in rows.items():
+            x, y, bars = _means(data)
+            ax2.errorbar(x, y, yerr=bars, fmt="o-", capsize=3, label=label)
+        ax2.set(xscale="log", xlabel="temperature T", ylabel="fraction / ratio of sampled rows", ylim=(-0.02, 1.02))
+        ax2.set_title(INTERVALS, fontsize=8)
+        ax2.legend(fontsize=7)
     _save(fig, out / "sensitivity_vs_T.png")
+    hollow = (f"; hollow: the float32 W_q/W_k norms at T = {', '.join(fmt(t) for t in sorted(left_out))}, numerically "
+              "unreliable (off fp64 at step 0) and left out by the findings") if left_out else ""  # fmt: skip
     return ("gradient and Jacobian norms vs T (left, one point per run) beside the saturated rows and how close rows "
-            f"come to the entrywise bound 1/(4T) (right); k = all, {drawn(runs)}")
+            f"come to the entrywise bound 1/(4T) (right: means with their intervals){hollow}; k = all, {drawn(runs)}")
 
 
 def layer_sensitivity(summaries: list[Summary], out: Path) -> str | None:
-    """Per-layer log-log slope against T of each parameter group's gradient norm, against the layer's depth."""
+    """Per-layer log-log slope against T of each parameter group's gradient norm, against the layer's depth; its
+    title and caption name the T levels the slopes rest on (`findings.gradient_source`)."""
     slopes = layer_slopes(summaries)
     if not slopes:
         return None
+    runs, _, note = gradient_source(k_all(main_arm(summaries)))
+    levels = ", ".join(fmt(t) for t in sorted({s.temperature for s in runs}))
+    source = "float64 step-0 norms" if step0(runs) else "float32 medians over the logged steps"
+    rests = f"T = {levels} ({source})" + (f"; left out: {note.removeprefix('; left out, ')}" if note else "")
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5))
     for (group, by_layer), marker in zip(slopes.items(), "os^vD"):
         ax.plot(list(by_layer), list(by_layer.values()), marker=marker, ls="-", lw=1, label=group)
     ax.axhspan(ONE_OVER_T.band[0], ONE_OVER_T.band[1], color="tab:green", alpha=0.15, label="1/T band (-1 +- 0.25)")
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set(xlabel="layer (0 = first: its gradient crosses every low-T layer)", ylabel="log-log slope vs T",
-           title="per-layer gradient sensitivity to T (k = all, main arm)")  # fmt: skip
-    ax.legend(fontsize=7)
+    ax.set(xlabel="layer (0 = first: its gradient crosses every low-T layer)", ylabel="log-log slope vs T")
+    ax.set_title(f"per-layer gradient sensitivity to T (k = all, main arm)\nfitted on T = {levels} ({source})",
+                 fontsize=10)  # fmt: skip
+    _legend_outside(ax)
     _save(fig, out / "layer_sensitivity.png")
-    return ("per-layer slope of each gradient norm against T, by depth (green: the 1/T band); k = all, "
-            f"{drawn(k_all(summaries))}")
+    return (f"per-layer slope of each gradient norm against T, by depth (green: the 1/T band), fitted on {rests}; "
+            f"k = all, {drawn(k_all(summaries))}")
 
 
 def dilution(summaries: list[Summary], out: Path) -> str | None:
@@ -178,28 +255,37 @@ def dilution(summaries: list[Summary], out: Path) -> str | None:
 
 
 def attention_vs_t(summaries: list[Summary], out: Path) -> str | None:
+    """Final validation entropy and distance to uniform vs T, per k: the mean over runs with its interval. A k run at
+    only some of the figure's T (a top-k arm at two levels) is drawn as points at those T, not a line across."""
     logged = [t for t in sources.ATTENTION_TAGS if any(s.final.get(t) is not None for s in summaries)]
     if not logged:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(logged), figsize=(4.5 * len(logged), 4), squeeze=False)
+    temps = sorted({s.temperature for s in summaries})
+    fig, axes = plt.subplots(1, len(logged), figsize=(4.5 * len(logged) + 2, 4), squeeze=False)
     for ax, tag in zip(axes[0], logged):
         for k in _k_order(summaries):
             data = per_t([s for s in summaries if s.k_label == k], lambda s, tag=tag: s.final.get(tag))
-            if data:
-                ax.plot(list(data), [float(np.mean(v)) for v in data.values()], "o-", label=f"k={k}")
+            if not data:
+                continue
+            x, y, bars = _means(data)
+            every_t = len(data) == len(temps)
+            runs = sorted({len(v) for v in data.values()})
+            label = f"k={k}" + ("" if every_t else f" (T = {', '.join(fmt(t) for t in data)} only)") + (
+                f", {runs[0]} run per T: no interval" if runs == [1] else "")  # fmt: skip
+            ax.errorbar(x, y, yerr=bars, fmt="o-" if every_t else "o", capsize=3, label=label)
         ax.set(xscale="log", xlabel="temperature T")
         ax.set_title(sources.ATTENTION_TAGS[tag], fontsize=9)
-    axes[0][0].legend(fontsize=7)
+    _legend_outside(axes[0][-1])
     _save(fig, out / "attention_vs_T.png")
-    return f"final validation entropy and distance to uniform vs T (mean over seeds); {drawn(summaries)}"
+    return (f"final validation entropy and distance to uniform vs T (mean over seeds; {INTERVALS}; a k run at only "
+            f"some T: points at those T); {drawn(summaries)}")
 
 
-def stability(summaries: list[Summary], out: Path) -> str | None:
-    """Loss spikes, divergences and (when any run clips) clipped steps per T, each T labelled with its number of
-    runs (sums over groups of different sizes are not rates). With clipping off in every run the clipped-steps
-    panel is left out (the caption says so) rather than drawn empty."""
-    plt = _plt()
+def _stability_panels(summaries: list[Summary]) -> tuple[list[tuple], list[str], bool]:
+    """(the stability panels with an event in some run, the titles of those without any, whether clipping is off
+    in every run). A panel of zero-height bars shows nothing, so it is left out and named instead; the clipped-steps
+    panel exists only where some run clips."""
     panels = [
         (f"loss spikes above {S.SPIKE_FACTOR} x running median (sum)", lambda s: s.values.get(S.SPIKES), sum),
         ("diverged runs", lambda s: float(s.diverged), sum),
@@ -207,23 +293,43 @@ def stability(summaries: list[Summary], out: Path) -> str | None:
     clipping_off = all(s.clip is None for s in summaries)
     if not clipping_off:
         panels.append(("fraction of clipped steps (mean)", lambda s: s.values.get(S.CLIPPED), np.mean))
+    quiet = [title for title, value, _ in panels if not any(value(s) for s in summaries)]
+    return [p for p in panels if p[0] not in quiet], quiet, clipping_off
+
+
+def stability(summaries: list[Summary], out: Path) -> str | None:
+    """Loss spikes, divergences and (when any run clips) clipped steps per T, each T labelled with its number of
+    runs (sums over groups of different sizes are not rates). With clipping off in every run the clipped-steps
+    panel is left out (the caption says so) rather than drawn empty; with no event at all there is no figure
+    (`not_drawn` says so in words)."""
+    panels, quiet, clipping_off = _stability_panels(summaries)
+    if not panels:  # nothing happened: no figure; the report says so in words (`not_drawn`)
+        return None
+    plt = _plt()
     runs = {t: len(v) for t, v in per_t(summaries, lambda s: 1.0).items()}  # per T, for the tick labels
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4), squeeze=False)
+    axes = axes[0]
     for ax, (title, value, reduce) in zip(axes, panels):
         data = {t: float(reduce(v)) for t, v in per_t(summaries, value).items()}
         if data:
             ax.bar(range(len(data)), list(data.values()))
             ax.set_xticks(range(len(data)), [f"{t:g}\n({runs.get(t, 0)} runs)" for t in data])
-            if not any(data.values()):  # bars of height 0 are invisible: say so
-                ax.text(0.5, 0.5, f"0 at every T ({len(summaries)} runs)", ha="center", transform=ax.transAxes)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", transform=ax.transAxes)
-            ax.set_xticks([])
         ax.set_xlabel("temperature T")
         ax.set_title(title, fontsize=9)
     _save(fig, out / "stability_vs_T.png")
     clip_note = "; clipping off in every run (no clipped-steps panel)" if clipping_off else ""
-    return f"loss spikes and divergences vs T (all k){clip_note}; {drawn(summaries)}"
+    none = f"; none in any run: {', '.join(quiet)}" if quiet else ""
+    return f"loss spikes and divergences vs T (all k){clip_note}{none}; {drawn(summaries)}"
+
+
+def not_drawn(summaries: list[Summary], made: dict[str, str]) -> dict[str, str]:
+    """{figure: why} for the figures `figures` left out because they would show nothing: the stability figure of
+    main-arm runs without any spike, divergence or clipped step, said in words instead."""
+    main = main_arm(summaries)
+    if not main or "stability_vs_T.png" in made or _stability_panels(main)[0]:
+        return {}
+    return {"stability_vs_T.png": f"stability_vs_T.png is not drawn: no divergence, and no loss spike or clipped step "
+            f"logged, in any of the {len(main)} runs it would draw ({drawn(main)}); the stability table lists every arm."}  # fmt: skip
 
 
 def arms(summaries: list[Summary], out: Path) -> str | None:
@@ -235,18 +341,29 @@ def arms(summaries: list[Summary], out: Path) -> str | None:
     if not others:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     finite = [p for s in summaries if not s.diverged and (p := s.final.get(tags.VAL_PPL)) and math.isfinite(p)]
     ceiling = max(finite) * 3 if finite else 10.0  # where a diverged run's cross is drawn
     main_ppl = per_t([s for s in main if not s.diverged], lambda s: s.final.get(tags.VAL_PPL))
     if main_ppl:
-        ax.plot(list(main_ppl), [float(np.exp(np.mean(np.log(v)))) for v in main_ppl.values()], "k-", lw=1.5,
-                label=f"main arm ({drawn(main)}), geometric mean")
+        x, y, bars = _means(main_ppl, geometric=True)
+        ax.errorbar(x, y, yerr=bars, fmt="k-", lw=1.5, capsize=3,
+                    label="main arm: geometric mean [interval]")  # fmt: skip
     cells = sorted({(s.optimizer, s.learning_rate or 0.0) for s in others})
+    # runs drawn at one spot (diverged runs all sit at the ceiling; a cell's seeds at one T) are spread sideways
+    # by a small factor on the log axis, so none hides another
+    temps = sorted({s.temperature for s in others})
+    span = math.log10(max(temps) / min(temps)) if len(temps) > 1 else 1.0
+    seen: dict[tuple[float, float | None], int] = {}
+
+    def dodge(t: float, y: float | None) -> float:
+        i = seen[(t, y)] = seen.get((t, y), -1) + 1
+        return t * 10 ** (0.025 * span * ((i + 1) // 2) * (1 if i % 2 else -1))
+
     for (optimizer, lr), marker in zip(cells, "osD^v<>p*h"):
         cell = [s for s in others if (s.optimizer, s.learning_rate or 0.0) == (optimizer, lr)]
-        ok = [(s.temperature, p) for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
-        bad = [s.temperature for s in cell if s.diverged]
+        ok = [(dodge(s.temperature, p), p) for s in cell if not s.diverged and (p := s.final.get(tags.VAL_PPL))]
+        bad = [dodge(s.temperature, None) for s in cell if s.diverged]
         label = f"{optimizer} lr {fmt(lr)}"
         line = ax.plot(*zip(*ok), marker=marker, ls="", ms=7, label=label)[0] if ok else None
         if bad:
@@ -254,11 +371,12 @@ def arms(summaries: list[Summary], out: Path) -> str | None:
             ax.plot(bad, [ceiling] * len(bad), marker="x", ls="", ms=9, mew=2, color=color,
                     label=f"{label}: diverged" if ok else f"{label} (diverged)")
     ax.set(xscale="log", yscale="log", xlabel="temperature T", ylabel="final val/ppl",
-           title="arms beside the main grid (x: diverged, drawn at the top)")  # fmt: skip
-    ax.legend(fontsize=7)
+           title="arms beside the main grid (x: diverged, drawn at the top, side by side)")  # fmt: skip
+    _legend_outside(ax)
     _save(fig, out / "arms.png")
-    return (f"the other arms on their own: final val/ppl vs T per optimizer and learning rate (x: diverged), "
-            f"{len(others)} runs, beside the main arm's geometric mean")
+    return (f"the other arms on their own: final val/ppl vs T per optimizer and learning rate (x: diverged; runs at "
+            f"one spot side by side), {len(others)} runs, beside the main arm's geometric mean ({drawn(main)}; "
+            f"{INTERVALS})")
 
 
 def _one_format(values: np.ndarray) -> str:
@@ -334,7 +452,7 @@ def normalizers(summaries: list[Summary], out: Path) -> str | None:
 
 def figures(summaries: list[Summary], out: Path) -> dict[str, str]:
     """Every figure of the softmax runs; {file: caption} for those drawn. Each draws the main arm only; the other
-    arms get `arms.png`."""
+    arms get `arms.png`. A figure that would show nothing is not drawn (`not_drawn` says why)."""
     main = main_arm(summaries)
     made = {}
     for name, draw in (

@@ -11,6 +11,7 @@ import numpy as np
 from study import tags
 from study.report import sources
 from study.report import summary as S
+from study.report.effects import against_paper, opening
 from study.report.findings import (
     STEP0_GRADIENT,
     Finding,
@@ -38,6 +39,7 @@ from study.report.stats import (
     TooFew,
     confidence,
     fmt,
+    geometric_interval,
     mean_interval,
     percent,
 )
@@ -68,12 +70,10 @@ def _cell(values: list[float | None], log: bool = False) -> str:
     if max(values) == min(values):
         return f"{fmt(values[0])} (all {len(values)} equal)" if len(values) > 1 else f"{fmt(values[0])} (n=1)"
     if log and min(values) > 0:
-        logs = [math.log(v) for v in values]
         try:
-            iv = mean_interval(logs)
+            return str(geometric_interval(values))
         except TooFew:
-            return f"{fmt(math.exp(float(np.mean(logs))))} (n={len(values)})"
-        return f"{fmt(math.exp(iv.estimate))} [{fmt(math.exp(iv.lo))}, {fmt(math.exp(iv.hi))}]"
+            return f"{fmt(math.exp(float(np.mean(np.log(values)))))} (n={len(values)})"
     try:
         return str(mean_interval(values))
     except TooFew:
@@ -285,9 +285,11 @@ def numerics_sentence(data: dict) -> str:
 
 
 def plain_summary(data: dict) -> str:
-    """The opening of report.md in plain words, generated from report.json's data (`scorecard.report_json`): how
-    many runs, how many claims came out which way, and each claim under its verdict with the paper's value and ours
-    (estimate and interval). The README's scorecard is written from the same JSON."""
+    """The opening of report.md in plain words, generated from report.json's data (`scorecard.report_json`): the
+    effect of T with its intervals (`effects.opening`, where the JSON has the per-T table), how many runs, how many
+    claims came out which way, and each claim under its verdict with the paper's value and ours (estimate and
+    interval; against the paper's 1/T in words, `effects.against_paper`). The README's scorecard is written from the
+    same JSON."""
     runs = data.get("runs") or {}
     findings = data.get("findings") or []
     family = data.get("family") or {}
@@ -298,7 +300,8 @@ def plain_summary(data: dict) -> str:
     tally = ", ".join(f"{len(by_verdict[v])} {v}" for v in [*VERDICT_ORDER, *sorted(set(by_verdict) - set(VERDICT_ORDER))]
                       if v in by_verdict)  # fmt: skip
     level = family.get("level")
-    lines = [
+    effect = opening(data)
+    lines = [*([effect, ""] if effect else []),
         f"{sum(runs.values())} runs ({count}); {len(findings)} claims judged: {tally}"
         + (f", every interval at {percent(level)} so that all cover together with probability >= "
            f"{percent(family.get('confidence', CONFIDENCE))}." if level else "."),
@@ -314,5 +317,7 @@ def plain_summary(data: dict) -> str:
                     else f.get("value", "-").split(";")[0])  # fmt: skip
             paper = f.get("paper_value") or "-"
             claim = re.sub(r"^(\d+)\.", r"\1\\.", f.get("claim", "?"))  # "5. ..." in a bullet is not a numbered list
-            lines.append(f"- {claim}: paper {paper}, ours {ours} ({f.get('experiment') or '-'}).")
+            words = against_paper(f)
+            lines.append(f"- {claim}: paper {paper}, ours {ours} ({f.get('experiment') or '-'})"
+                         + (f": {words}." if words else "."))
     return "\n".join(lines)

@@ -413,6 +413,17 @@ def mean_interval(values: Sequence[float], what: str = "runs") -> Interval:
     return _t_interval(float(np.mean(x)), float(np.var(x, ddof=1)) / len(x), len(x) - 1, len(x), unit=what)
 
 
+def geometric_interval(values: Sequence[float], what: str = "runs") -> Interval:
+    """The geometric mean of positive replicates with the t-interval of their mean log, mapped back: for positive
+    quantities that span decades (norms, perplexities, ratios), whose linear interval would run below zero. The
+    interval is not symmetric around the estimate; its spread fields stay None (they are on the log scale)."""
+    x = _clean(values)
+    if (x <= 0).any():
+        raise TooFew(f"a value <= 0 among the {what}: no geometric mean")
+    iv = mean_interval(np.log(x), what)
+    return Interval(math.exp(iv.estimate), math.exp(iv.lo), math.exp(iv.hi), iv.n, iv.level, unit=what)
+
+
 def difference_interval(a: Sequence[float], b: Sequence[float], what: str = "runs") -> Interval:
     """mean(a) - mean(b) with Welch's t-interval (unequal variances, Welch-Satterthwaite degrees of freedom)."""
     x, y = _clean(a), _clean(b)

@@ -10,6 +10,7 @@
     study analyze --model <hub | dir | .ckpt> --text <file | shakespeare>   the paper's Algorithms 1-5
     study bench [--quick]                                          speed and memory against stock transformers
     study probe --model <dir | hub> --out <dir>                    per-layer and single-layer gradients, Jacobian, Hessian vs T
+    study tensorboard [logs/<sweep>]                               TensorBoard on a sweep; prints the address coloured by T
 
 Each verb is a module with its own `main(argv)` (`VERBS`), imported only when used: `study report` never loads
 Lightning or transformers. This module is the top of the package; nothing imports it.
@@ -34,6 +35,7 @@ VERBS: dict[str, str] = {
     "analyze": "study.frozen.analysis.command",
     "bench": "study.bench",
     "probe": "study.frozen.probe.command",
+    "tensorboard": "study.sweep.view",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # One line per verb for `study --help` (and `study` alone), in the order a researcher meets them.
@@ -46,6 +48,7 @@ SUMMARIES: dict[str, str] = {
     "probe": "per-layer and single-layer gradients, Jacobian and Hessian against T on a frozen model",
     "analyze": "the paper's Algorithms 1-5 on a frozen causal LM",
     "bench": "speed and memory of the attention options against stock transformers",
+    "tensorboard": "TensorBoard on one sweep, then the address that colours its runs by T (other arms apart)",
 }
 # The README's two commands: the main job and one run.
 EXAMPLES = (

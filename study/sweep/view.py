@@ -50,6 +50,15 @@ def _split(name: str, params: dict[str, Any]) -> tuple[str, str] | None:
     return name[len(t_label) : len(before_seed) + 1], name[len(before_seed) + 1 + len(seed_label) :]
 
 
+def main_arm(runs: Iterable[tuple[str, dict[str, Any]]]) -> set[str]:
+    """The names of the runs of the main arm: the plan's first run's setting, any temperature and seed (empty if
+    no run has the plan's name shape). The colour groups and the sweep's closing line read the same set."""
+    runs = list(runs)
+    splits = [(name, _split(name, params)) for name, params in runs]
+    first = next((split for _, split in splits if split is not None), None)
+    return {name for name, split in splits if first is not None and split == first}
+
+
 def run_color_regex(runs: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
     """The ``runColorGroup`` regular expression for a plan's runs ((name, params) in plan order): the first run's
     setting grouped by T, every other setting (its name less T and seed) one group; None if no run has the

@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
     if verb not in VERBS_WITH_VERBOSE:
         argv = [a for a in argv if a != "--verbose"]
+    if verb in LIGHTNING_VERBS and ("-h" in argv or "--help" in argv) and "--help-all" not in argv:
+        from study import fit_help  # the page generated from the parser's classes: no Lightning to import
+
+        print(fit_help.page(verb))
+        return 0
     try:
         module = importlib.import_module(VERBS.get(verb, "study.fit"))
         # `study --print_config ...`, `study --config ...`: no verb is `fit`, as LightningCLI takes it.

@@ -53,12 +53,12 @@ lint: setup
 	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 --ignore-imports=yes \
 		--score=no study
 
-# One sweep at a time: HParams shows one experiment per logdir (`make tensorboard SWEEP=default-quick`).
+# One sweep at a time: HParams shows one experiment per logdir (`make tensorboard SWEEP=default-quick`). The address
+# that colours the runs by T (the other arms apart) comes last, after TensorBoard's own notices.
 SWEEP ?= default
 tensorboard: setup
 	@test -d logs/$(SWEEP) || { echo "no sweep logs/$(SWEEP): make tensorboard SWEEP=<one of: $$(ls logs 2>/dev/null | grep -v '^cache$$' | tr '\n' ' ')>"; exit 2; }
-	@echo "Runs coloured by temperature: http://localhost:6006/?runColorGroup=regex:%5E(T%5B0-9.e-%5D%2B)_#timeseries"
-	$(BIN)/tensorboard --logdir logs/$(SWEEP)
+	$(BIN)/study tensorboard logs/$(SWEEP)
 
 # Tokenised corpora, tokenizers and the materialised SmolLM2 folder (logs/cache/models, rebuilt in about 20 s).
 clean-cache:

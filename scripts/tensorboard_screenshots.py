@@ -23,11 +23,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-# (file name, URL fragment and query after http://host:port/): the views docs/running.md shows. Colours grouped
-# by temperature: the run names start with T<value>_, and TensorBoard's `runColorGroup` takes a regex whose
-# capture names the group.
+from study.sweep.view import address, plan_runs, run_color_regex
+
+# (file name, URL fragment and query after http://host:port/): the views docs/running.md shows. The Time Series
+# view is the address `study tensorboard` prints (its query and fragment, from the sweep's plan: runs coloured by
+# T, the other arms apart, unsmoothed), filled in by `main`.
+TIMESERIES = "tensorboard_timeseries.png"
 VIEWS = (
-    ("tensorboard_timeseries.png", "?runColorGroup=regex:%5E(T%5B0-9.e-%5D%2B)_#timeseries"),
+    (TIMESERIES, "#timeseries"),
     ("tensorboard_custom_scalars.png", "#custom_scalars"),
     ("tensorboard_hparams.png", "#hparams"),
     ("tensorboard_images.png", "#images"),
@@ -105,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(f"http://127.0.0.1:{tb_port}/data/runs", 120)
         targets = json.loads(wait_for(f"http://127.0.0.1:{cdp_port}/json", 60))
         ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
-        pages = [(args.out / name, f"http://127.0.0.1:{tb_port}/{suffix}") for name, suffix in VIEWS]
+        coloured = address(run_color_regex(plan_runs(args.logdir))).split("/", 3)[3]  # "?...#timeseries"
+        pages = [(args.out / name, f"http://127.0.0.1:{tb_port}/{coloured if name == TIMESERIES else suffix}")
+                 for name, suffix in VIEWS]
         asyncio.run(capture(ws_url, pages, args.settle, width, height))
     finally:
         for proc in (chromium, tensorboard):

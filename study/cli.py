@@ -10,6 +10,7 @@
     study analyze --model <hub | dir | .ckpt> --text <file | shakespeare>   the paper's Algorithms 1-5
     study bench [--quick]                                          speed and memory against stock transformers
     study probe --model <dir | hub> --out <dir>                    per-layer and single-layer gradients, Jacobian, Hessian vs T
+    study tensorboard [logs/<sweep>]                               TensorBoard on a sweep; prints the address coloured by T
 
 Each verb is a module with its own `main(argv)` (`VERBS`), imported only when used: `study report` never loads
 Lightning or transformers. This module is the top of the package; nothing imports it.
@@ -34,6 +35,7 @@ VERBS: dict[str, str] = {
     "analyze": "study.frozen.analysis.command",
     "bench": "study.bench",
     "probe": "study.frozen.probe.command",
+    "tensorboard": "study.sweep.view",
 }
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # One line per verb for `study --help` (and `study` alone), in the order a researcher meets them.
@@ -46,6 +48,7 @@ SUMMARIES: dict[str, str] = {
     "probe": "per-layer and single-layer gradients, Jacobian and Hessian against T on a frozen model",
     "analyze": "the paper's Algorithms 1-5 on a frozen causal LM",
     "bench": "speed and memory of the attention options against stock transformers",
+    "tensorboard": "TensorBoard on one sweep, then the address that colours its runs by T (other arms apart)",
 }
 # The README's two commands: the main job and one run.
 EXAMPLES = (
@@ -101,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     verb = argv[0] if argv and not argv[0].startswith("-") else "fit"
     if verb not in VERBS_WITH_VERBOSE:
         argv = [a for a in argv if a != "--verbose"]
+    if verb in LIGHTNING_VERBS and ("-h" in argv or "--help" in argv) and "--help-all" not in argv:
+        from study import fit_help  # the page generated from the parser's classes: no Lightning to import
+
+        print(fit_help.page(verb))
+        return 0
     try:
         module = importlib.import_module(VERBS.get(verb, "study.fit"))
         # `study --print_config ...`, `study --config ...`: no verb is `fit`, as LightningCLI takes it.

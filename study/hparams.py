@@ -23,6 +23,7 @@ Jacobian on validation, and the last training step's loss and gradient norms (HP
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,27 @@ HPARAMS_METRICS = {
 first five, so whether the run diverged, one attention and one gradient column are among them. Quantities that span decades across T are
 shown as their log10 copies (`tags.LOG10`): HParams' parallel-coordinates axes are linear, and a diverged run's
 perplexity of 1e9 put every other run on 0."""
+
+LOG10_COLUMNS = {tags.attention_hparam("temperature"): "log10_T", "learning_rate": "log10_lr"}
+"""Settings that span decades, each with a log10 column beside it: HParams' parallel-coordinates axes are linear, and
+a learning rate of 0.0003 sat at the same spot as 0.01 (as T = 0.01 beside 0.03)."""
+
+
+def with_log10_columns(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` ({name: value} or {name: [values]}) with each LOG10_COLUMNS column after its setting, where every
+    value of the setting is a positive number."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        out[name] = value
+        several = isinstance(value, (list, tuple))
+        numbers = list(value) if several else [value]
+        if name in LOG10_COLUMNS and numbers and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in numbers
+        ):
+            logs = [math.log10(float(v)) for v in numbers]
+            out[LOG10_COLUMNS[name]] = logs if several else logs[0]
+    return out
+
 
 EXPERIMENT_FILE = "hparams.json"
 """A sweep's experiment declaration: ``<sweep>/hparams.json``, written into every run's events."""
@@ -119,7 +141,11 @@ def experiment_summary(
     """
     if not hparams:
         raise ValueError("an HParams experiment needs at least one hyperparameter")
-    varied = [n for n in hparams if len(set(hparams[n])) > 1 or n in differs]
+    hparams = with_log10_columns({name: list(values) for name, values in hparams.items()})
+    differs = [*differs, *(LOG10_COLUMNS[n] for n in differs if n in LOG10_COLUMNS)]
+    # the log10 columns after the settings that differ, so that T, top-k and the normaliser stay the first columns
+    varied = sorted((n for n in hparams if len(set(hparams[n])) > 1 or n in differs),
+                    key=lambda n: n in LOG10_COLUMNS.values())  # fmt: skip
     constant = sorted(n for n in hparams if n not in varied)
     infos = [hparam_info(n, hparams[n], True) for n in varied] + [hparam_info(n, hparams[n], False) for n in constant]
     names = metrics if isinstance(metrics, Mapping) else {}
@@ -152,6 +178,7 @@ def write_session(
     ``group`` puts runs that differ only by seed in one HParams group.
     """
     writer = _writer(logger)
+    params = with_log10_columns(params)
     # Each value is written with the type its experiment declared (a temperature of 1 among 0.1 and 0.3 is a
     # number, not the text "1"), else HParams would not match the session to its column's domain.
     declared = {name: [value] for name, value in params.items()}
@@ -217,10 +244,12 @@ __all__ = [
     "EXPERIMENT_FILE",
     "EXPERIMENT_TAG",
     "HPARAMS_METRICS",
+    "LOG10_COLUMNS",
     "STUDY_AXES",
     "experiment_summary",
     "hparam_info",
     "read_declaration",
     "write_experiment",
+    "with_log10_columns",
     "write_session",
 ]

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from study.cli import VERBS, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_study_help_lists_every_verb_and_the_readme_commands(capsys):
@@ -20,6 +27,58 @@ def test_study_help_lists_every_verb_and_the_readme_commands(capsys):
     assert len(examples) == 2 and all(f".venv/bin/{e.split('--parallel')[0].strip()}" in readme for e in examples)
     assert main([]) == 2 and "verbs:" in capsys.readouterr().out  # `study` alone: the same page
     assert main(["frob"]) == 2 and "unknown verb 'frob'" in capsys.readouterr().err
+
+
+def test_fit_help_answers_without_importing_lightning():
+    """Importing Lightning alone takes seconds (about 10 under load): `study fit --help` is the committed page."""
+    from study import fit_help
+
+    script = ("import sys; from study.cli import main; code = main(['fit', '--help']); "
+              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch', 'transformers')); "
+              "print('IMPORTED', heavy, code)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    page, _, imported = done.stdout.rpartition("IMPORTED")
+    assert imported.strip() == "[] 0"
+    assert page.strip() == fit_help.page("fit").strip() and "usage: study fit --config" in page
+    assert "usage: study validate --config" in fit_help.page("validate") and fit_help.VERB not in fit_help.page("test")
+
+
+@pytest.mark.slow  # imports Lightning: the generator reads the classes
+def test_the_committed_help_page_is_the_generated_one():
+    from study.fit import HELP_MODULE, help_module_text
+
+    assert HELP_MODULE.read_text() == help_module_text(), (
+        "study/fit_help.py is stale: python -c 'from study.fit import write_help_module; write_help_module()'")
+
+
+@pytest.mark.slow  # builds the LightningCLI parser
+def test_the_help_pages_options_are_the_parsers():
+    """Every --model.* and --data.* option of the parser is on the page, and nothing else is; the trainer's usual
+    options exist; the attention spec's options are its fields (`--model.attention` takes the spec whole)."""
+    from study import fit_help
+    from study.data import TextDataModule
+    from study.fit import TRAINER_OPTIONS, _ParseOnly, _parser_kwargs
+    from study.model import CausalLMModule
+
+    argv = sys.argv
+    sys.argv = [argv[0], "--config", "configs/default.yaml"]
+    try:
+        cli = _ParseOnly(CausalLMModule, TextDataModule, args=None, run=False, parser_kwargs=_parser_kwargs(),
+                         save_config_callback=None)
+    finally:
+        sys.argv = argv
+    parser = {o.rstrip("+") for action in cli.parser._actions for o in action.option_strings}
+    on_page = set(re.findall(r"^  (--[\w.]+)", fit_help.PAGE, flags=re.MULTILINE))
+    for prefix in ("--model.", "--data."):
+        ours = {o for o in on_page if o.startswith(prefix) and not o.startswith("--model.attention.")}
+        theirs = {o for o in parser if o.startswith(prefix) and not o.startswith("--model.attention")}
+        assert ours == theirs, (prefix, ours ^ theirs)
+    assert {f"--trainer.{o}" for o in TRAINER_OPTIONS} <= parser and "--model.attention" in parser
+    fields = {f"--model.attention.{f.name}" for f in dataclasses.fields(__import__("study.attention").attention.AttentionSpec) if f.init}
+    assert {o for o in on_page if o.startswith("--model.attention.")} == fields
+    assert {"--config", "--print_config"} <= parser
 
 
 @pytest.mark.slow  # imports Lightning and transformers: seconds

@@ -25,13 +25,16 @@ def test_swept_settings_first_with_their_domains():
     }
     experiment = _experiment(experiment_summary(hparams, ["val/loss", "val/ppl"]))
     names = [info.name for info in experiment.hparam_infos]
-    assert names == ["attention/temperature", "attention/top_k", "attention/alpha", "attention/normalizer", "learnable"]
-    assert [info.differs for info in experiment.hparam_infos] == [True, True, False, False, False]
+    # T's log10 column (a numeric axis on which 0.01 and 0.03 are apart) after the settings that differ
+    assert names == ["attention/temperature", "attention/top_k", "log10_T", "attention/alpha", "attention/normalizer",
+                     "learnable"]
+    assert [info.differs for info in experiment.hparam_infos] == [True, True, True, False, False, False]
+    assert [v.number_value for v in experiment.hparam_infos[2].domain_discrete.values] == [-1.0, 0.0]
     temperature = experiment.hparam_infos[0]
     assert temperature.type == api_pb2.DATA_TYPE_FLOAT64
     assert [v.number_value for v in temperature.domain_discrete.values] == [0.1, 1.0]
-    assert experiment.hparam_infos[3].domain_discrete.values[0].string_value == "softmax"
-    assert experiment.hparam_infos[4].type == api_pb2.DATA_TYPE_BOOL
+    assert experiment.hparam_infos[4].domain_discrete.values[0].string_value == "softmax"
+    assert experiment.hparam_infos[5].type == api_pb2.DATA_TYPE_BOOL
     assert [m.name.tag for m in experiment.metric_infos] == ["val/loss", "val/ppl"]
     with pytest.raises(ValueError, match="at least one"):
         experiment_summary({}, ["val/loss"])
@@ -68,9 +71,10 @@ def test_written_experiment_and_session(tmp_path):
     assert set(tags) == {metadata.EXPERIMENT_TAG, metadata.SESSION_START_INFO_TAG, metadata.SESSION_END_INFO_TAG}
     # A run alone lists the study's axes first, the rest by name.
     names = [i.name for i in metadata.parse_experiment_plugin_data(tags[metadata.EXPERIMENT_TAG]).hparam_infos]
-    assert names == ["attention/temperature", "attention/top_k", "attention/alpha", "lr"]
+    assert names == ["attention/temperature", "attention/top_k", "log10_T", "attention/alpha", "lr"]
     start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
     assert start.hparams["attention/temperature"].number_value == 0.1 and start.group_name == "T0.1"
+    assert start.hparams["log10_T"].number_value == -1.0
     assert acc.Tags()["scalars"] == []  # no made-up metric points
 
 
@@ -113,3 +117,19 @@ def test_a_damaged_declaration_is_refused_naming_the_file(tmp_path):
             read_declaration(bad)
     bad.write_text('{"hparams": {"T": [1.0]}, "metrics": {"val/loss": "val loss"}}')
     assert read_declaration(bad)["hparams"] == {"T": [1.0]}
+
+
+def test_settings_that_span_decades_get_a_log10_column():
+    from study.hparams import with_log10_columns
+
+    row = with_log10_columns({"attention/temperature": 0.01, "learning_rate": 1, "seed": 3})
+    assert list(row) == ["attention/temperature", "log10_T", "learning_rate", "log10_lr", "seed"]
+    assert row["log10_T"] == pytest.approx(-2.0) and row["log10_lr"] == 0.0
+    domains = with_log10_columns({"learning_rate": [0.0003, 0.01], "attention/temperature": [0.1, "x"]})
+    assert domains["log10_lr"] == pytest.approx([-3.5229, -2.0], abs=1e-4)
+    assert "log10_T" not in domains  # not every value a positive number: no column
+    # a swept learning rate's log10 column is declared, with the values the sessions write
+    experiment = _experiment(experiment_summary({"learning_rate": [0.0003, 0.01]}, ["val/loss"]))
+    info = {i.name: i for i in experiment.hparam_infos}["log10_lr"]
+    assert info.differs and [v.number_value for v in info.domain_discrete.values] == with_log10_columns(
+        {"learning_rate": [0.0003, 0.01]})["log10_lr"]

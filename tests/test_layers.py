@@ -15,6 +15,7 @@ LAYERS: dict[str, int] = {
     "study.tags": 0,
     "study.progress": 0,
     "study.console": 0,
+    "study.fit_help": 0,
     "study.errors": 0,
     "study.checkpoints": 0,
     "study.cachefolder": 0,

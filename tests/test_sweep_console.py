@@ -42,7 +42,7 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         r"\[2/2\] T1_kall_softmax_s0: finished in .*",
         r"probe: finished in \d+:\d\d \(.*probe\.json\)",
         r"analyze: finished in \d+:\d\d \(.*analyze/results\.json\)",
-        r"study sweep tiny: 2 finished in \d+:\d\d; report: .*report\.md",
+        r"study sweep tiny: 2 finished in \d+:\d\d; report: .*report\.md; TensorBoard: study tensorboard .*tiny",
     ]
     assert len(lines) == len(patterns), done.stdout
     for line, pattern in zip(lines, patterns):

@@ -43,6 +43,7 @@ from study.sweep.run import (
     run_one,
 )
 from study.sweep.source import SourceChanged, SourceWatch, done_elsewhere
+from study.sweep.view import command_line, main_arm
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
 
@@ -131,6 +132,20 @@ def _refused_args(plan: Plan, run_index: str | None) -> str | None:
     return None
 
 
+def divergences(plan: Plan, states: list[str]) -> str:
+    """The closing line's account of diverged runs: those of the arms beside the main grid (planned: an SGD
+    bracket is there to find where training breaks) apart from those of the main arm (not planned), by name."""
+    diverged = [run.name for run, state in zip(plan.runs, states) if state == "diverged"]
+    if not diverged:
+        return ""
+    main = main_arm((run.name, run.params) for run in plan.runs)
+    planned, unplanned = [n for n in diverged if n not in main], [n for n in diverged if n in main]
+    parts = [f"{len(planned)} in the arms beside the main grid ({', '.join(planned)})" if planned else "",
+             f"{len(unplanned)} in the main arm, not planned ({', '.join(unplanned)})" if unplanned
+             else "none in the main arm"]  # fmt: skip
+    return "; diverged: " + ", ".join(p for p in parts if p)
+
+
 def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) -> int:
     """The frozen-model steps the pool did not run (`study.sweep.frozen_steps`), the report (unless other
     processes still hold runs or steps) and the sweep's closing line; the exit code."""
@@ -166,8 +181,10 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             report_failed, then = f"refused: {err}", "once it is removed"
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
+        + divergences(plan, states)
         + (f"; report: {report}" if report else "")
-        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} {then}" if report_failed else ""),
+        + (f"; report not built ({report_failed}): study report {plan.sweep_dir} {then}" if report_failed else "")
+        + f"; TensorBoard: {command_line(plan.sweep_dir)}",
         flush=True,
     )
     steps_ok = all(outcome is not False for outcome in outcomes.values())

@@ -172,12 +172,18 @@ class SweepProgress:
     about half the wait. The sweep's elapsed time is not the rate: the frozen-model steps and the up-front
     estimate hold slots before any run ends (a demo read "ETA 56:05" after its second run, 14 minutes before its
     end). Runs in this process (no pool) count their own duration. Before any run ends, the up-front estimate.
+
+    While jobs are in flight and nothing has been printed for ``heartbeat_s``, the pool prints a heartbeat line
+    (`heartbeat`): the first ETA comes minutes before the first run ends (a demo's first line came at 5:53).
     """
 
-    def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None) -> None:
+    def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None,
+                 heartbeat_s: float = 60.0) -> None:  # fmt: skip
         self.total, self.parallel, self.estimate_s = total, max(parallel, 1), estimate_s
         self.done = 0
         self.start = time.perf_counter()
+        self.last_line = self.start
+        self.heartbeat_s = heartbeat_s
         self.durations: list[float] = []
 
     def eta(self) -> float | None:
@@ -217,6 +223,26 @@ class SweepProgress:
             + (f" | ETA {format_seconds(eta)}" if eta is not None else "")
         )
         print(line, flush=True)
+        self.last_line = time.perf_counter()
+        return line
+
+    def heartbeat(self, in_flight: Sequence[str]) -> str | None:
+        """A line naming the jobs in flight, with the elapsed time and the ETA, when nothing was printed for
+        ``heartbeat_s``; None otherwise (or when nothing is in flight). Before any run ended the ETA is the
+        estimate less the time since the runs began: the runs in flight have used that much of it."""
+        now = time.perf_counter()
+        if not in_flight or now - self.last_line < self.heartbeat_s:
+            return None
+        eta = self.eta()
+        if eta is not None and not self.durations:
+            eta -= now - self.start
+        line = (
+            f"[{self.done}/{self.total}] in flight: {', '.join(in_flight)}"
+            + f" | elapsed {format_seconds(now - self.start)}"
+            + ("" if eta is None else f" | ETA {format_seconds(eta)}" if eta > 0 else " | ETA: past the estimate")
+        )
+        print(line, flush=True)
+        self.last_line = now
         return line
 
 
@@ -317,6 +343,7 @@ def run_workers(
             while pending:
                 time.sleep(poll_s)
                 pending = [run for run in pending if not _reported_end(run, launched_at, progress, watch)]
+                progress.heartbeat([f"worker {i}" for i, proc in enumerate(jobs) if proc.poll() is None])
                 if all(proc.poll() is not None for proc in jobs):
                     pending = [run for run in pending if not _reported_end(run, launched_at, progress, watch)]
                     break
@@ -420,6 +447,7 @@ def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending,
                 except OSError as err:  # its log cannot be opened (a full disk): one failed run
                     progress.update(run, failed_by(run, err))
         time.sleep(0.2)
+        progress.heartbeat([job.step.label if isinstance(job, Launched) else job[0].name for job in active.values()])
         for slot in list(active):
             job = active[slot]
             if isinstance(job, Launched):

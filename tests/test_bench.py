@@ -216,3 +216,19 @@ def test_each_variant_reports_the_peak_resident_memory_of_its_own_process(tmp_pa
         assert memory["peak_bytes"] < memory["max_rss_bytes"]
     markdown = to_markdown(result)
     assert "max RSS MB" in markdown and f"| {rows[0]['memory']['max_rss_bytes'] / 2**20:.0f} | 1.000 |" in markdown
+
+
+@pytest.mark.slow
+def test_interception_bench_times_both_copies_of_each_shape(tmp_path):
+    """`study bench --interception` on its smallest settings: one row per shape, the ratio of the two medians,
+    the machine's load in the table."""
+    from study.bench import command
+    from study.bench.interception import INTERCEPTION_SHAPES, interception_markdown, measure_shape
+
+    row = measure_shape("litgpt-tiny", rounds=1, chunk=1, warmup=0)
+    assert row["steps"] == 1 and row["ratio"] == pytest.approx(row["intercepted_s"] / row["unpatched_s"])
+    markdown = interception_markdown({"rows": [row], "load_before": (1.0, 1.0, 1.0), "load_after": (2.0, 1.0, 1.0),
+                                      "cpus": 2, "threads": 1, "torch": "x"})
+    assert "| litgpt-tiny | 1 |" in markdown and "before (1.0, 1.0, 1.0), after (2.0, 1.0, 1.0)" in markdown
+    assert set(INTERCEPTION_SHAPES) == {"litgpt-tiny", "small"}
+    assert command.parse_args(["--interception", "--rounds", "1"]).interception

@@ -25,12 +25,13 @@ from contextlib import nullcontext
 from functools import cache
 
 from torch import Tensor, nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from study.attention import tap
 from study.attention.core import attend
 from study.attention.gate import OutputGate
+from study.attention.intercept import intercept, is_cross_attention
 from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
 from study.attention.spec import STOCK, AttentionSpec
@@ -138,19 +139,10 @@ def _calls_attention_interface(cls: type) -> bool:
     return "ALL_ATTENTION_FUNCTIONS" in source
 
 
-def _is_cross_attention(path: str, module: nn.Module) -> bool:
-    parts = path.lower().split(".")
-    return (
-        bool(getattr(module, "is_cross_attention", False))
-        or "cross" in type(module).__name__.lower()
-        or any("cross" in p or "encdec" in p or p == "encoder_attn" for p in parts)
-    )
-
-
 def _attention_calls(model: nn.Module) -> list[tuple[nn.Module, bool]]:
     """(module, is cross-attention) for every module that calls the attention interface, in module order."""
     return [
-        (m, _is_cross_attention(path, m))
+        (m, is_cross_attention(path, m))
         for path, m in model.named_modules()
         if _calls_attention_interface(type(m))
     ]
@@ -240,6 +232,8 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
 
     Works for any transformers model whose attention goes through `AttentionInterface`: decoders (GPT-2, Llama,
     Gemma 2 with its soft-capping, gpt-oss with its sinks), encoders (BERT) and vision transformers (ViT).
+    Any other model (nanoGPT, LitGPT, `nn.TransformerEncoder`) runs its `F.scaled_dot_product_attention` calls
+    under the spec through `study.attention.intercept` (undone by `remove_attention_spec`).
     Layers are numbered in module order (see the module docstring); cross-attention stays stock. Each selected
     layer gets ``study_spec`` and a ``study_normalizer`` submodule (so learnable normaliser parameters train and
     are saved with the model); the others get stock softmax. With ``spec.output_gate`` each selected layer also gets
@@ -250,11 +244,13 @@ def apply_attention_spec(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """
     calls = _attention_calls(model)
     modules = [m for m, cross in calls if not cross]
-    if not modules:
+    if not modules and isinstance(model, PreTrainedModel):
         raise ValueError(
             f"{type(model).__name__} has no attention module that calls transformers' attention interface; "
             "use study.attention.attend in your own attention code"
         )
+    if not modules:  # not a transformers model: its SDPA calls are intercepted (study.attention.intercept)
+        return intercept(model, spec)
     missing = set(spec.layers or ()) - set(range(len(modules)))
     if missing:
         raise ValueError(f"layers {sorted(missing)} not in the model, which has layers 0..{len(modules) - 1}")

@@ -4,11 +4,14 @@
     study bench --gpu-suite       the prepared GPU command (GPT-2 124M at L = 512, 1024, 2048; parity; MFU)
     study bench --lengths 512,1024,2048,4096,8192   the length sweep alone (`lengths`): memory and time of
                                   stock SDPA, the dense and the blockwise explicit path on SmolLM2's shape
+    study bench --interception    the SDPA interception's own cost (`interception`): LitGPT unpatched vs
+                                  intercepted at T = 1, an unlogged step, in one process
     python scripts/bench.py ...   (the same)
 
 Modules: `command` (arguments, then dispatch), `shapes` (what is measured), `timing` (interleaved Lightning
 steps, timed by `study.callbacks.steptime` as the sweep's estimate is), `memory` (peak of one step), `parity`
-(every path against stock), `lengths` (the length sweep: memory and time against L), `budgets` (ratios and verdicts), `suite` (all of it), `markdown` (the tables).
+(every path against stock), `lengths` (the length sweep: memory and time against L), `interception` (the
+SDPA interception's overhead), `budgets` (ratios and verdicts), `suite` (all of it), `markdown` (the tables).
 
 What is measured, in ONE process:
 

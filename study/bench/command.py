@@ -70,6 +70,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--budget-gb", type=float, default=4.0,
                         help="--main-job: the peak resident memory each step must stay under (default 4 GB)")
     parser.add_argument("--run-index", type=int, default=0, help="--main-job: which of the spec's runs (default 0)")
+    parser.add_argument("--interception", action="store_true",
+                        help="instead of the training suite: the SDPA interception's own cost on an unlogged step "
+                             "(LitGPT unpatched vs under T = 1 without top-k, tiny and small shapes, in one process; "
+                             "writes interception.json and interception.md; --rounds, --chunk, --warmup apply)")
     return parser.parse_args(argv)
 
 
@@ -109,6 +113,24 @@ def run_lengths(args: argparse.Namespace) -> int:
     write_text_atomically(out / "lengths.md", markdown + "\n")
     print(markdown)
     print(f"[bench] wrote {out / 'lengths.json'} and {out / 'lengths.md'}")
+    return 0
+
+
+def run_interception_bench(args: argparse.Namespace) -> int:
+    """`study bench --interception`: the interception's overhead alone, written as interception.json and .md."""
+    import json
+    from pathlib import Path
+
+    from study.bench.interception import interception_markdown, run_interception
+
+    result = run_interception(rounds=args.rounds or 8, chunk=args.chunk or 4, warmup=args.warmup or 3)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = interception_markdown(result)
+    write_text_atomically(out / "interception.json", json.dumps(result, indent=1) + "\n")
+    write_text_atomically(out / "interception.md", markdown)
+    print(markdown)
+    print(f"[bench] wrote {out / 'interception.json'} and {out / 'interception.md'}")
     return 0
 
 
@@ -156,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                                 str(args.budget_gb), "--run-index", str(args.run_index), "--out", args.out])  # fmt: skip
     if args.lengths:
         return run_lengths(args)
+    if args.interception:
+        return run_interception_bench(args)
     settings = settings_from_args(args)
     result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out), show_progress=not args.quiet)
     json_path, md_path = write(result, args.out)

@@ -37,6 +37,20 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != CHECKSUMS)
 
 
+def content_digest(file_hashes: dict[str, str]) -> str:
+    """A folder's content digest from {relative name: SHA-256 of its bytes}: equal exactly when the names and the
+    bytes of its files are (sizes and modification times play no part)."""
+    digest = hashlib.sha256()
+    for name in sorted(file_hashes):
+        digest.update(f"{name}\0{file_hashes[name]}\0".encode())
+    return "content " + digest.hexdigest()[:16]
+
+
+def folder_file_hashes(folder: Path) -> dict[str, str]:
+    """{relative name: SHA-256} of every file of a folder, each read whole (its `checksums.json` left out)."""
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in _files(Path(folder))}
+
+
 def write_checksums(folder: Path) -> None:
     """Record every file of ``folder`` (size, mtime, SHA-256) in its `checksums.json`; call it once it is complete."""
     folder = Path(folder)
@@ -77,10 +91,8 @@ def folder_problem(folder: Path, whole: bool = False) -> str | None:
 
 def verified_digest(folder: Path) -> tuple[str | None, str | None]:
     """(content digest, None) of a folder built with checksums, every file read whole against them; (None, the
-    problem) when it is not as built. The digest is `study.provenance.content_digest` of its files: the one a run's
-    provenance records for it."""
-    from study.provenance import content_digest
-
+    problem) when it is not as built. The digest is `content_digest` of its files: the one a run's provenance
+    records for it (`study.provenance.model_folder_digest`)."""
     folder = Path(folder)
     if problem := folder_problem(folder, whole=True):
         return None, problem

@@ -219,39 +219,16 @@ def folder_digest(path: str | Path) -> str:
     return "files " + hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
-def content_digest(file_hashes: dict[str, str]) -> str:
-    """A folder's content digest from {relative name: SHA-256 of its bytes}: equal exactly when the names and the
-    bytes of its files are (sizes and modification times play no part)."""
-    digest = hashlib.sha256()
-    for name in sorted(file_hashes):
-        digest.update(f"{name}\0{file_hashes[name]}\0".encode())
-    return "content " + digest.hexdigest()[:16]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def folder_file_hashes(path: str | Path) -> dict[str, str]:
-    """{relative name: SHA-256} of every file of a folder (read whole), its `checksums.json` left out."""
-    from study.cachefolder import CHECKSUMS  # its record of the files: not part of the content
-
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != CHECKSUMS)
-    return {p.relative_to(root).as_posix(): _sha256(p) for p in files}
-
-
 @functools.lru_cache(maxsize=64)
 def _model_folder_digest(path: str, listing: str) -> str:
-    return content_digest(folder_file_hashes(path))
+    from study.cachefolder import content_digest, folder_file_hashes
+
+    return content_digest(folder_file_hashes(Path(path)))
 
 
 def model_folder_digest(path: str | Path) -> str:
-    """A model folder's content digest (`content_digest`: every file read whole), computed once per version of its
+    """A model folder's content digest (`study.cachefolder.content_digest`: every file read whole), computed once per
+    version of its
     listing in a process; the sweep's own pretrained model is read whole on every use instead
     (`study.cachefolder.verified_digest`)."""
     root = Path(path)

@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study.cachefolder import build_atomically, folder_problem, verified_digest
-from study.provenance import content_digest, folder_file_hashes, model_folder_digest
+from study.cachefolder import (
+    build_atomically,
+    content_digest,
+    folder_file_hashes,
+    folder_problem,
+    verified_digest,
+)
+from study.provenance import model_folder_digest
 from study.report.origin import MixedModels, check, origin
 from study.report.read import RunData, load_sweep
 from study.sweep import main, spec_identity

@@ -216,7 +216,6 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     passthrough = list(rest)
     try:
         plan = build_plan(args.config, quick=args.quick, passthrough=passthrough, save_dir=args.save_dir)
-        _check_stale(plan)
     except SweepConfigError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
@@ -225,8 +224,13 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
               f"inside it; remove the link{f' (and {len(links) - 1} more)' if len(links) > 1 else ''}",
               file=sys.stderr)
         return 2
-    if damaged := pretrained_problem(plan):
+    if damaged := pretrained_problem(plan):  # before the runs are compared with its digest: the damage is named
         print(f"study sweep: {damaged}", file=sys.stderr)
+        return 2
+    try:
+        _check_stale(plan)
+    except SweepConfigError as err:
+        print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
     for note in plan.notes:
         if is_rank_zero():

@@ -8,7 +8,7 @@ modification time and SHA-256 of every file. On use, a file whose size differs, 
 folder damaged; a file whose size and modification time are those recorded is taken as it was built (a stat, no
 read: the cheap check), and any other file is hashed and compared. A damaged folder is moved aside and rebuilt,
 and the reason printed. A change that keeps both size and modification time (bit rot under the file system) is
-not seen by the cheap check.
+not seen by the cheap check; a model that runs train from is read whole on every use (`verified_digest`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,20 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != CHECKSUMS)
 
 
+def content_digest(file_hashes: dict[str, str]) -> str:
+    """A folder's content digest from {relative name: SHA-256 of its bytes}: equal exactly when the names and the
+    bytes of its files are (sizes and modification times play no part)."""
+    digest = hashlib.sha256()
+    for name in sorted(file_hashes):
+        digest.update(f"{name}\0{file_hashes[name]}\0".encode())
+    return "content " + digest.hexdigest()[:16]
+
+
+def folder_file_hashes(folder: Path) -> dict[str, str]:
+    """{relative name: SHA-256} of every file of a folder, each read whole (its `checksums.json` left out)."""
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in _files(Path(folder))}
+
+
 def write_checksums(folder: Path) -> None:
     """Record every file of ``folder`` (size, mtime, SHA-256) in its `checksums.json`; call it once it is complete."""
     folder = Path(folder)
@@ -49,8 +63,10 @@ def write_checksums(folder: Path) -> None:
     (folder / CHECKSUMS).write_text(json.dumps({"files": record}, indent=1, sort_keys=True))
 
 
-def folder_problem(folder: Path) -> str | None:
-    """Why the cache folder cannot be used as it is (half-built, a file missing, changed or damaged); None if sound."""
+def folder_problem(folder: Path, whole: bool = False) -> str | None:
+    """Why the cache folder cannot be used as it is (half-built, a file missing, changed or damaged); None if sound.
+    ``whole``: every file is read and compared with its recorded SHA-256, whatever its size and modification time
+    say (a model that runs train from: bytes zeroed with both restored are caught)."""
     folder = Path(folder)
     try:
         record = json.loads((folder / CHECKSUMS).read_text())["files"]
@@ -68,9 +84,24 @@ def folder_problem(folder: Path) -> str | None:
             return f"{name} is missing"
         if stat.st_size != entry.get("size"):
             return f"{name} has {stat.st_size} bytes, {entry.get('size')} when built"
-        if stat.st_mtime_ns != entry.get("mtime_ns") and file_sha256(path) != entry.get("sha256"):
+        if (whole or stat.st_mtime_ns != entry.get("mtime_ns")) and file_sha256(path) != entry.get("sha256"):
             return f"{name} changed since it was built (SHA-256 differs)"
     return None
+
+
+def verified_digest(folder: Path) -> tuple[str | None, str | None]:
+    """(content digest, None) of a folder built with checksums, every file read whole against them; (None, the
+    problem) when it is not as built. The digest is `content_digest` of its files: the one a run's provenance
+    records for it (`study.provenance.model_folder_digest`)."""
+    folder = Path(folder)
+    if problem := folder_problem(folder, whole=True):
+        return None, problem
+    record = json.loads((folder / CHECKSUMS).read_text())["files"]
+    extra = sorted(p.relative_to(folder).as_posix() for p in _files(folder) if p.relative_to(folder).as_posix()
+                   not in record)
+    if extra:  # a file added since it was built would be read by the run, and is in no checksum
+        return None, f"{extra[0]} was added since it was built"
+    return content_digest({name: entry["sha256"] for name, entry in record.items()}), None
 
 
 def usable(folder: Path) -> bool:

@@ -212,11 +212,29 @@ def file_digest(path: str | Path) -> str:
 
 
 def folder_digest(path: str | Path) -> str:
-    """Names, sizes and modification times of a folder's files (a model folder is GBs: not read)."""
+    """Names, sizes and modification times of a folder's files (a tokenizer folder: not read)."""
     root = Path(path)
     files = sorted(p for p in root.rglob("*") if p.is_file())
     listing = [(p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     return "files " + hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def _model_folder_digest(path: str, listing: str) -> str:
+    from study.cachefolder import content_digest, folder_file_hashes
+
+    return content_digest(folder_file_hashes(Path(path)))
+
+
+def model_folder_digest(path: str | Path) -> str:
+    """A model folder's content digest (`study.cachefolder.content_digest`: every file read whole), computed once per
+    version of its
+    listing in a process; the sweep's own pretrained model is read whole on every use instead
+    (`study.cachefolder.verified_digest`)."""
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    listing = [(p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return _model_folder_digest(str(root.resolve()), json.dumps(listing))
 
 
 def _inside(path: Path, folder: Path | None) -> bool:
@@ -238,7 +256,9 @@ def _strings(tree: Any, key: str = "") -> list[tuple[str, str]]:
     return [(key, tree)] if isinstance(tree, str) else []
 
 
-def _model_identity(name: str) -> str:
+def model_identity(name: str) -> str:
+    """What a model name stands for: an embedded model's gguf digest, a file's digest, a folder's content digest
+    (`model_folder_digest`), a hub name as itself."""
     from study.pretrained import EMBEDDED_MODELS, embedded_gguf
 
     if name in EMBEDDED_MODELS:
@@ -249,7 +269,7 @@ def _model_identity(name: str) -> str:
     if Path(name).is_file():
         return file_digest(name)
     if Path(name).is_dir():
-        return folder_digest(name)
+        return model_folder_digest(name)
     return f"hub {name}"
 
 
@@ -280,8 +300,9 @@ def input_digests(resolved: dict[str, Any], outputs: Path | None = None) -> dict
         if len(value) < 4096 and "\n" not in value and path.is_file() and not _inside(path, outputs):
             out[f"file {value} ({key})"] = file_digest(path)
     model = _setting(resolved, "model", "model_name_or_path")
-    if model and not _inside(Path(str(model)), outputs):
-        out[f"model {model}"] = _model_identity(str(model))
+    # a model folder is an input even inside ``outputs`` (a sweep's own pretrained model); one not built yet is not
+    if model and (not _inside(Path(str(model)), outputs) or Path(str(model)).exists()):
+        out[f"model {model}"] = model_identity(str(model))
     source = _setting(resolved, "data", "source", "shakespeare")
     if source == "shakespeare":
         out["data: the embedded corpus"] = _shakespeare_identity()

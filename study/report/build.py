@@ -159,11 +159,13 @@ def report_text(
     not_counted: list[Summary] | None = None, probe_figure: str | None = None, plain: str | None = None,
     frozen_effect: list[str] | None = None, control_section: list[str] | None = None,
     origin_lines: list[str] | None = None, figures_not_drawn: dict[str, str] | None = None,
+    outside: list | None = None,
 ) -> str:  # fmt: skip
     """The markdown of report.md from what `build_report` gathered (no file access). ``all_runs`` are the runs the
     findings may use; ``not_counted`` the unfinished or failed ones, listed apart; ``plain`` the summary in plain
-    words (`markdown.plain_summary` of report.json's data) that opens it; ``figures_not_drawn`` {figure: why} the figures left
-    out because they would show nothing, said in words under Figures."""
+    words (`markdown.plain_summary` of report.json's data) that opens it; ``figures_not_drawn`` {figure: why} the
+    figures left out because they would show nothing, said in words under Figures; ``outside`` the run folders
+    outside the plan's grid (`study.report.read.load_sweep`), listed apart."""
     not_counted = not_counted or []
     found, family = judgement or judged(summaries, probe)
     states = run_states(all_runs, not_counted)
@@ -196,6 +198,7 @@ def report_text(
              + "); their partial logs are in no finding, figure or table below but `Runs`.", ""]
             if not_counted else []
         ),
+        *([outside_line(outside), ""] if outside else []),
         *(
             [f"The findings use the main arm ({main[0].optimizer}, learning rate {fmt(main[0].learning_rate)}: "
              f"{len(main)} runs); the {arms} runs of the other arms enter only the stability table and the "
@@ -291,6 +294,22 @@ def excess_json(summaries: list[Summary]) -> dict[str, dict[str, dict | str]]:
 def _findings_table(found: list[Finding], family: Family) -> str:
     with family_level(family):  # the column header names the family's level
         return md.findings_table(found)
+
+
+def outside_grid(outside: list) -> list[dict]:
+    """report.json's record of the run folders outside the plan's grid: each named by its own recorded settings."""
+    return [{"name": r.name, "state": r.state, "params": r.params,
+             "gradient_clip_val": r.setting("trainer.gradient_clip_val"),
+             "learning_rate": r.setting("model.learning_rate")} for r in outside]
+
+
+def outside_line(outside: list) -> str:
+    """report.md's line on the run folders outside the plan's grid."""
+    listed = ", ".join(f"`{r.name}` {r.state} (learning rate {r.setting('model.learning_rate')}, clip "
+                       f"{r.setting('trainer.gradient_clip_val') or 'off'})" for r in outside)
+    return (f"Outside the grid: {len(outside)} run folder(s) that plan.json does not hold with these settings "
+            f"(added with --run-index by another grid, or left by a grid shrunk since): {listed}; named by their "
+            "own recorded settings, they are in no finding, figure or table of this report.")
 
 
 def _mark_mixed(found: list[Finding], origin: runs_origin.Origin) -> None:
@@ -399,6 +418,8 @@ def _write_report(
         model=(probe or {}).get("model"),
     )  # fmt: skip
     data["origin"] = runs_origin.origin_json(origin)
+    if plan.get("outside_grid"):
+        data["outside_grid"] = outside_grid(plan["outside_grid"])
     data["excess_slopes"] = excess_json(primary)
     data["per_t"] = per_t_json(primary)
     if check is not None:
@@ -418,6 +439,7 @@ def _write_report(
         title, str(sweep_dir), primary, all_runs, made, probe, missing, judgement, not_counted, probe_figure,
         plain=plain, frozen_effect=frozen_effect, figures_not_drawn=not_drawn(primary, made),
         control_section=planted_controls.section(found_controls), origin_lines=runs_origin.header_lines(origin),
+        outside=plan.get("outside_grid"),
     )  # fmt: skip
     if lr_curves is not None:
         text += "\n" + lr_curves.markdown

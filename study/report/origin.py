@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from study import provenance
@@ -25,12 +25,17 @@ class MixedSources(ConfigError):
     """The runs to pool were made by different versions of the code (one line, naming the hashes)."""
 
 
+class MixedModels(MixedSources):
+    """The runs to pool trained from different models (one line, naming their content digests); never allowed."""
+
+
 @dataclass
 class Origin:
     sources: dict[str, int]  # source hash (or "unrecorded") -> runs
     machines: dict[str, int]  # `provenance.machine_line` -> runs
     commits: dict[str, int]  # commit (+ " (dirty source)") -> runs, for the runs that recorded one
     dirty: int  # runs whose package source or configs differed from their commit
+    models: dict[str, int] = field(default_factory=dict)  # the model each run loaded (`recorded_model`) -> runs
 
     @property
     def recorded(self) -> list[str]:
@@ -44,6 +49,19 @@ class Origin:
         return ", ".join(f"{h}: {n} run{'s' if n != 1 else ''}" for h, n in sorted(self.sources.items()))
 
 
+def recorded_model(status: dict[str, Any]) -> str:
+    """The model a run loaded and its content digest as the run recorded them (its `depends`, else its provenance
+    record's inputs; ``model <path>: <digest>``), or `provenance.UNRECORDED` (a run from scratch, or one recorded
+    before the model's content was)."""
+    for record in (status.get("depends"), (status.get("provenance") or {}).get("inputs")
+                   if isinstance(status.get("provenance"), dict) else None):
+        if isinstance(record, dict):
+            models = sorted(f"{key}: {value}" for key, value in record.items() if str(key).startswith("model "))
+            if models:
+                return "; ".join(models)
+    return provenance.UNRECORDED
+
+
 def origin(runs: Sequence[RunData], pretrain: dict[str, Any] | None = None) -> Origin:
     """The source hashes, machines and commits of the runs whose outcome is a result (the runs findings pool), and
     of the sweep's pretraining run (status ``pretrain``), whose weights every fine-tuning run starts from."""
@@ -52,6 +70,7 @@ def origin(runs: Sequence[RunData], pretrain: dict[str, Any] | None = None) -> O
     commits: Counter[str] = Counter()
     dirty = 0
     statuses = [run.status for run in runs if run.state in RESULT_STATES]
+    models = Counter(recorded_model(status) for status in statuses)  # the pretraining run loads no model
     if isinstance(pretrain, dict) and pretrain.get("state") in RESULT_STATES:
         statuses.append(pretrain)
     for status in statuses:
@@ -62,11 +81,19 @@ def origin(runs: Sequence[RunData], pretrain: dict[str, Any] | None = None) -> O
         if isinstance(git, dict) and git.get("commit"):
             commits[str(git["commit"])[:12] + (" (dirty source)" if git.get("source_dirty") else "")] += 1
             dirty += bool(git.get("source_dirty"))
-    return Origin(dict(sources), dict(machines), dict(commits), dirty)
+    return Origin(dict(sources), dict(machines), dict(commits), dirty, dict(models))
 
 
 def check(found: Origin, allow_mixed: bool) -> None:
-    """Raise `MixedSources` when the runs recorded more than one source hash and pooling them was not allowed."""
+    """Raise `MixedModels` when the runs trained from more than one model (content digest), whatever
+    ``allow_mixed`` says, and `MixedSources` when they recorded more than one source hash and pooling them was not
+    allowed."""
+    models = sorted(m for m in found.models if m != provenance.UNRECORDED)
+    if len(models) > 1:
+        counts = ", ".join(f"{m} ({found.models[m]} run{'s' if found.models[m] != 1 else ''})" for m in models)
+        raise MixedModels(f"the runs trained from {len(models)} models ({counts}): seeds of two models are not "
+                          "replicates of one; delete the runs of the model you do not want (or the sweep's "
+                          "pretrain/ and every run) and rerun")
     if found.mixed and not allow_mixed:
         raise MixedSources(f"the runs come from {len(found.recorded)} source hashes ({found.counts()}): their "
                            f"findings would pool two versions of the code; rerun them from one, or pass "

@@ -146,35 +146,88 @@ def event_damage(
     return None
 
 
+def own_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings a run folder's run trained with, as its fit saved them (`config.yaml`, the resolved `study fit`
+    config); {} when it has none or it cannot be read."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file() or path.is_symlink():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _fingerprint(run_dir: Path, status: dict[str, Any]) -> str | None:
+    """The fingerprint of the settings the folder's run recorded (its status, else its settings.json)."""
+    if status.get("fingerprint"):
+        return str(status["fingerprint"])
+    path = run_dir / "settings.json"
+    record = read_json(path, []) if path.is_file() and not path.is_symlink() else None
+    return str(record["fingerprint"]) if record and record.get("fingerprint") else None
+
+
+def run_folders(sweep_dir: Path) -> list[str]:
+    """Every run folder of a sweep on disk (a folder with a status or settings record; the pretraining run's is
+    the sweep's model, not one of its runs)."""
+    return [d.name for d in sorted(sweep_dir.iterdir()) if d.is_dir() and not d.is_symlink() and d.name != "pretrain"
+            and ((d / "status.json").is_file() or (d / "settings.json").is_file())]
+
+
+def _read_run(sweep_dir: Path, name: str, entry: dict[str, Any] | None, found: list[str]) -> RunData:
+    """One run folder; ``entry``: its plan entry, whose settings name it (None: its own record does)."""
+    run_dir = sweep_dir / name
+    status_path = run_dir / "status.json"
+    status = {"state": "missing"}
+    if status_path.is_file():
+        status = read_json(status_path, found) or {"state": "unreadable"}
+    scalars = read_scalars(run_dir) if run_dir.is_dir() else {}
+    params = (entry or {}).get("params") or status.get("params") or {}
+    resolved = entry.get("resolved", {}) if entry is not None else own_settings(run_dir)
+    if status.get("state") in RESULT_STATES and (damage := event_damage(run_dir, status, scalars)):
+        found.append(f"{run_dir}: {DAMAGED}: not counted ({damage})")
+        status = {**status, "state": DAMAGED, "recorded_state": status["state"],
+                  "reason": f"{DAMAGED}: not counted ({damage})"}
+    return RunData(name, run_dir, params, status, resolved, scalars)
+
+
 def load_sweep(
     sweep_dir: str | Path, problems: list[str] | None = None
 ) -> tuple[dict[str, Any], list[RunData]]:
     """The plan and every run of a sweep folder; damaged files are named in `problems` (and printed if it is
-    None) and the rest is read."""
+    None) and the rest is read.
+
+    Every run folder on disk is read. The runs of the plan's grid are the runs; a folder outside it (not in
+    plan.json, or made with other settings than its plan entry: a run added with `--run-index` by a larger grid,
+    a grid shrunk since) is read with its own recorded settings and listed apart under the plan's
+    ``outside_grid``, in no finding. Without a usable plan.json every run folder is a run, each named by its own
+    recorded settings (its status and its `config.yaml`)."""
     sweep_dir = Path(sweep_dir)
     found: list[str] = []
     plan_path = sweep_dir / "plan.json"
     plan = read_json(plan_path, found) if plan_path.is_file() else None
     plan = plan or {"sweep": sweep_dir.name, "runs": []}
-    entries = [e for e in plan.get("runs") or [] if isinstance(e, dict) and e.get("name")]
-    if not entries:  # no usable plan: every run folder with a status file
-        entries = [{"name": d.name} for d in sorted(sweep_dir.iterdir()) if (d / "status.json").is_file()]
-        entries = [e for e in entries if e["name"] != "pretrain"]
-    runs = []
-    for entry in entries:
-        run_dir = sweep_dir / entry["name"]
-        status_path = run_dir / "status.json"
-        status = {"state": "missing"}
-        if status_path.is_file():
-            status = read_json(status_path, found) or {"state": "unreadable"}
-        scalars = read_scalars(run_dir) if run_dir.is_dir() else {}
-        params = entry.get("params") or status.get("params") or {}
-        resolved = entry.get("resolved", {})
-        if status.get("state") in RESULT_STATES and (damage := event_damage(run_dir, status, scalars)):
-            found.append(f"{run_dir}: {DAMAGED}: not counted ({damage})")
-            status = {**status, "state": DAMAGED, "recorded_state": status["state"],
-                      "reason": f"{DAMAGED}: not counted ({damage})"}
-        runs.append(RunData(entry["name"], run_dir, params, status, resolved, scalars))
+    entries = {e["name"]: e for e in plan.get("runs") or [] if isinstance(e, dict) and e.get("name")}
+    folders = run_folders(sweep_dir) if sweep_dir.is_dir() else []
+    runs, outside = [], []
+    for name, entry in entries.items():
+        run = _read_run(sweep_dir, name, entry, found)
+        recorded = _fingerprint(run.dir, run.status)
+        if entry.get("fingerprint") and recorded and recorded != entry["fingerprint"]:
+            outside.append(_read_run(sweep_dir, name, None, []))  # the folder holds another run than the plan's
+            run = RunData(name, run.dir, entry.get("params") or {}, {"state": "missing"}, entry.get("resolved", {}))
+        runs.append(run)
+    for name in folders:
+        if name not in entries:
+            (outside if entries else runs).append(_read_run(sweep_dir, name, None, found))
+    if outside:
+        found.append(f"{len(outside)} run folder(s) outside the grid of plan.json (added with --run-index by "
+                     f"another grid, or left by a grid shrunk since): {', '.join(r.name for r in outside)}; listed "
+                     "apart, in no finding")
+    plan["outside_grid"] = outside
     if problems is None:
         for line in found:
             print(f"study report: {line}", flush=True)

@@ -13,6 +13,7 @@ import time
 from study.atomic import write_text_atomically
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
+from study.sweep import spec_identity
 from study.sweep.config import Plan, SweepConfigError, build_plan
 from study.sweep.frozen_steps import frozen_steps, run_step_here
 from study.sweep.identity import changed_dependencies
@@ -37,12 +38,15 @@ from study.sweep.run import (
     is_rank_zero,
     links_out_of,
     pretrain_done,
+    pretrained_model,
     pretrained_problem,
     read_status,
     recorded_settings,
+    run_index_refused,
     run_one,
 )
-from study.sweep.source import SourceChanged, SourceWatch, done_elsewhere
+from study.sweep.source import SPEC_AFTER, SourceChanged, SourceWatch, done_elsewhere
+from study.sweep.spec_identity import spec_change
 from study.sweep.view import command_line, main_arm
 
 PASSTHROUGH_PREFIXES = ("--trainer.", "--model.", "--data.", "--seed_everything")
@@ -70,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         "for many short single-device runs); default 1: this process",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of --workers' processes
+    # a run process of a sweep: the spec's digest when the sweep started (study.sweep.spec_identity)
+    p.add_argument("--spec-digest", default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--devices-per-run",
         type=int,
@@ -99,6 +105,8 @@ def _check_stale(plan: Plan) -> None:
     """Refuse a plan whose runs on disk were made with other settings, or with other content of what they read
     (base config, data, model): resuming or pooling them would mix two settings under one name."""
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
+    # the sweep's own pretrained model: compared once it exists (a run recorded before runs recorded it is not)
+    own_model = f"model {plan.pretrain.dir / 'hf'}" if plan.pretrain else None
     for run in runs:
         status = recorded_settings(run.dir)  # status.json, else settings.json when status.json is damaged
         if status and status.get("fingerprint") not in (None, run.fingerprint):
@@ -107,13 +115,33 @@ def _check_stale(plan: Plan) -> None:
                 "delete it or give the sweep another name"
             )
         recorded = (status or {}).get("depends")
-        changes = changed_dependencies(recorded, run.depends) if isinstance(recorded, dict) else []
+        now = run.depends
+        if isinstance(recorded, dict) and (own_model not in recorded or own_model not in now):
+            recorded, now = ({k: v for k, v in d.items() if k != own_model} for d in (recorded, now))
+        changes = changed_dependencies(recorded, now) if isinstance(recorded, dict) else []
         if changes:
             raise SweepConfigError(
                 f"run {run.name} was trained with other inputs than this sweep would use now: {'; '.join(changes)}. "
                 f"Restore them, or delete {run.dir} (and any other such run) to redo it, or give the sweep another "
                 "name; runs made with different inputs are never pooled"
             )
+
+
+def _check_pretrained(plan: Plan) -> str | None:
+    """After the pretraining: the sweep's pretrained model read whole against its checksums, its content digest
+    given to every run, and the runs on disk checked against it (`_check_stale`); why the sweep cannot go on, or
+    None."""
+    hf = plan.pretrain.dir / "hf"
+    digest, problem = pretrained_model(hf, plan.pretrain.dir)
+    if problem:
+        return problem
+    for run in plan.runs:
+        run.depends = {**run.depends, f"model {hf}": digest}
+    try:
+        _check_stale(plan)
+    except SweepConfigError as err:
+        return str(err)
+    return None
 
 
 def _refused_args(plan: Plan, run_index: str | None) -> str | None:
@@ -169,12 +197,14 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
     if plan.report and not args.no_report:
         from study.report import build_report
         from study.report.build import ReportRefused
-        from study.report.origin import ALLOW_OPTION, MixedSources
+        from study.report.origin import ALLOW_OPTION, MixedModels, MixedSources
 
         try:
             report = build_report(plan.sweep_dir)
         except OSError as err:  # a full disk: the report is one failed item; the runs and their logs stand
             report_failed = f"{type(err).__name__}: {err}"
+        except MixedModels as err:  # runs of another pretrained model, beside this sweep's: never pooled
+            report_failed, then = f"refused: {err}", "once the runs of one model are deleted"
         except MixedSources as err:  # runs done before a change of the code, beside this sweep's
             report_failed, then = f"refused: {err}", f"{ALLOW_OPTION} to pool them anyway"
         except ReportRefused as err:  # a link planted out of the sweep while it ran
@@ -203,7 +233,6 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     passthrough = list(rest)
     try:
         plan = build_plan(args.config, quick=args.quick, passthrough=passthrough, save_dir=args.save_dir)
-        _check_stale(plan)
     except SweepConfigError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
@@ -212,8 +241,13 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
               f"inside it; remove the link{f' (and {len(links) - 1} more)' if len(links) > 1 else ''}",
               file=sys.stderr)
         return 2
-    if damaged := pretrained_problem(plan):
+    if damaged := pretrained_problem(plan):  # before the runs are compared with its digest: the damage is named
         print(f"study sweep: {damaged}", file=sys.stderr)
+        return 2
+    try:
+        _check_stale(plan)
+    except SweepConfigError as err:
+        print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
     for note in plan.notes:
         if is_rank_zero():
@@ -235,6 +269,9 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
         print("study sweep: --devices-per-run pins the GPUs of --parallel runs; with one run at a time use "
               "--trainer.devices=N", file=sys.stderr)
         return 2
+    if args.run_index is not None and (refused := run_index_refused(plan, args.run_index)):
+        print(f"study sweep: {refused}", file=sys.stderr)
+        return 2
     refused = _refused_args(plan, args.run_index)
     if refused:
         print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
@@ -244,9 +281,26 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(argv)
+    if args.spec_digest and (changed := spec_change(args.config, args.spec_digest)):
+        # a run process launched by a sweep: its plan would be built from another spec than the sweep's
+        print(f"study sweep: refused: {changed} since the sweep launched this run; {SPEC_AFTER}", file=sys.stderr)
+        return 2
     plan = _checked_plan(args, rest)
     if isinstance(plan, int):
         return plan
+    try:  # before anything is written: one sweep name, one spec
+        claim = spec_identity.claim(plan.sweep_dir, plan.shared_hash, plan.spec_path, write=not args.dry_run)
+    except spec_identity.SpecConflict as err:
+        print(f"study sweep: refused: {err}", file=sys.stderr)
+        return 2
+    try:
+        return _claimed(plan, args, rest)
+    finally:
+        claim.release()
+
+
+def _claimed(plan: Plan, args, rest: list[str]) -> int:
+    """`main` once the plan is checked and the sweep name claimed for its spec."""
     passthrough = list(rest)
     threads = args.threads or plan.threads
     if threads:
@@ -280,7 +334,7 @@ def _work(plan: Plan) -> int:
     """A `--workers` process: train every run it can lock, one after another (`study.sweep.pool.WORKER_EXITS`).
     A signal at any point, inside a run's fit or between runs, is recorded in the run it stops, then ends the
     worker."""
-    watch = SourceWatch([plan.base])
+    watch = SourceWatch([plan.base], spec=(plan.spec_path, plan.spec_digest))
     todo = [r for r in plan.runs if not done(r)]
     try:
         with stopped_by_signals():
@@ -297,7 +351,7 @@ def _work(plan: Plan) -> int:
 def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
     """The pretraining, the runs and the frozen-model steps of a checked plan, then the report; the exit code.
     The source hash is taken here and watched to the end (`study.sweep.source`)."""
-    watch = SourceWatch([plan.base])
+    watch = SourceWatch([plan.base], spec=(plan.spec_path, plan.spec_digest))
     if note := done_elsewhere({r.name: read_status(r.dir) for r in plan.runs}, watch.expected):
         print(f"study sweep {plan.name}: {note}", file=sys.stderr, flush=True)
     todo = [r for r in plan.runs if not done(r)]
@@ -331,6 +385,9 @@ def _sweep(plan: Plan, args, passthrough: list[str]) -> int:
         if status["state"] != "finished":
             print("study sweep: pretraining did not finish; the fine-tuning runs need it", file=sys.stderr)
             return 1
+    if plan.pretrain is not None and (refused := _check_pretrained(plan)):
+        print(f"study sweep {plan.name}: {refused}", file=sys.stderr, flush=True)
+        return 2
     remaining_estimate = None
     if estimate is not None and todo:
         remaining_estimate = max(estimate - (time.perf_counter() - start), 0.0) * len(plan.runs) / len(todo)

@@ -25,6 +25,7 @@ from study.report.read import dotted_get
 from study.sweep import axes
 from study.sweep.identity import run_dependencies
 from study.sweep.runargs import RunArgs, callback_override_key, check_callback_override, passthrough_settings
+from study.sweep.spec_identity import shared_hash, spec_digest
 
 TOP_KEYS = {
     "extends",
@@ -131,6 +132,9 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
     probe: list[str] | None = None  # `study probe` arguments (after pretraining, before the report)
     analyze: list[str] | None = None  # `study analyze` arguments (after the probe, before the report)
+    # the spec's identity (`study.sweep.spec_identity`): what the runs share, and the spec file's bytes
+    shared_hash: str = ""
+    spec_digest: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -438,6 +442,7 @@ def build_plan(
 ) -> Plan:
     """Validate the spec and expand it into runs (nothing is created on disk)."""
     spec_path = Path(spec_path)
+    digest = spec_digest(spec_path) if spec_path.is_file() else ""  # before it is read: an edit after it is seen
     spec = load_sweep_config(spec_path)
     if "base" not in spec:
         raise SweepConfigError("`base` (the `study fit` config the runs build on) is missing")
@@ -475,7 +480,8 @@ def build_plan(
     if not isinstance(root, str):
         raise SweepConfigError(f"`save_dir` must be one folder path, got {root!r}")
     sweep_dir = Path(root) / name
-    run_args = RunArgs(base, base_config, *_run_sections(spec), list(passthrough or []))
+    sections = _run_sections(spec)
+    run_args = RunArgs(base, base_config, *sections, list(passthrough or []))
     args_for = run_args.args
 
     pretrain = None
@@ -520,6 +526,10 @@ def build_plan(
     model = pretrained_path or overrides.get("model.model_name_or_path") or dotted_get(base_config, "model.model_name_or_path")
     probe = probe_args(probe_spec, model, sweep_dir / "probe")
     analyze = analyze_args(_quick_analyze(spec) if quick else spec.get("analyze"), model, sweep_dir / "analyze")
+    # what every run shares: the grid's values left out (a seed added keeps it), the axes it varies kept
+    shared = {"name": name, "base": str(base), "overrides": overrides, "passthrough": list(passthrough or []),
+              "pretrain": pretrain_spec, "sections": sections, "axes": [sorted(named) for _, named in grids],
+              "probe": probe, "analyze": analyze}
     return Plan(
         name,
         spec_path,
@@ -533,4 +543,6 @@ def build_plan(
         notes,
         probe,
         analyze,
+        shared_hash(shared),
+        digest,
     )

@@ -2,7 +2,9 @@
 
 They do not depend on the fine-tuning runs, so with `--parallel` they take pool slots beside the runs (first, being
 the longest jobs), as `study <verb>` subprocesses; with one run at a time they run in this process after the runs.
-Either way a step is skipped while its result file records the same arguments, is held under a lock
+Either way a step is skipped while its result file records the same arguments and its model's digest (in
+`model_digest.json` beside the result: a model folder rebuilt under the same path is another model) is the one
+the model has now, is held under a lock
 (`<sweep>/<label>.lock`) so that several sweep processes never run it twice at once, writes its output to its log,
 and prints one line here; a failure is named, and the report goes without that step.
 """
@@ -10,6 +12,7 @@ and prints one line here; a failure is named, and the report goes without that s
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import subprocess
 import sys
@@ -19,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from study.atomic import write_text_atomically
 from study.progress import format_seconds
 from study.report.read import read_json
 from study.sweep.config import Plan
 from study.sweep.lock import RunBusy, RunLock
 from study.sweep.run import run_console
+
+MODEL_DIGEST = "model_digest.json"  # beside a step's result: the content digest of the model it read
 
 
 @dataclass(frozen=True)
@@ -40,9 +46,21 @@ class FrozenStep:
     lock_dir: Path  # the sweep's folder: the lock is <lock_dir>/<label>.lock
     replace: Path | None = None  # a folder removed before a rerun (`study analyze` never writes into one)
 
+    def model_digest(self) -> str | None:
+        """The content digest of the model the step reads (`study.provenance.model_identity`); None if none."""
+        from study.provenance import model_identity
+
+        model = self.argv[self.argv.index("--model") + 1] if "--model" in self.argv[:-1] else None
+        return model_identity(model) if model else None
+
     def cached(self) -> bool:
-        """The result exists and records these arguments (a damaged or older one is redone)."""
-        return self.result.is_file() and self.recorded(read_json(self.result, []) or {}) == self.argv
+        """The result exists and records these arguments and the model as it is now (a damaged or older one, or
+        one of another model under the same path, is redone)."""
+        if not (self.result.is_file() and self.recorded(read_json(self.result, []) or {}) == self.argv):
+            return False
+        digest = self.result.parent / MODEL_DIGEST
+        recorded = read_json(digest, []) if digest.is_file() and not digest.is_symlink() else None
+        return (recorded or {}).get("digest") == self.model_digest()
 
     def lock(self) -> RunLock:
         return RunLock(self.lock_dir, name=f"{self.label}.lock")
@@ -59,11 +77,13 @@ class FrozenStep:
     def say_cached(self) -> None:
         print(f"{self.label}: cached ({self.result})", flush=True)
 
-    def say_done(self, code: int, seconds: float) -> bool:
+    def say_done(self, code: int, seconds: float, digest: str | None) -> bool:
+        """Say how the step ended; record the digest of the model it read (``digest``, taken before it started)."""
         if code != 0:
             print(f"study sweep: {self.noun} failed (see {self.log}); the report goes without it", file=sys.stderr,
                   flush=True)
             return False
+        write_text_atomically(self.result.parent / MODEL_DIGEST, json.dumps({"digest": digest}))
         print(f"{self.label}: finished in {format_seconds(seconds)} ({self.result})", flush=True)
         return True
 
@@ -99,10 +119,10 @@ def run_step_here(step: FrozenStep, quiet: bool = True) -> bool | None:
                 step.say_cached()
                 return True
             step.prepare()
-            t0 = time.perf_counter()
+            t0, digest = time.perf_counter(), step.model_digest()
             with run_console(step.log, quiet=quiet):
                 code = importlib.import_module(step.module).main(list(step.argv))
-            return step.say_done(code, time.perf_counter() - t0)
+            return step.say_done(code, time.perf_counter() - t0, digest)
     except RunBusy as held:
         step.say_busy(held)
         return None
@@ -114,6 +134,7 @@ class Launched:
     def __init__(self, step: FrozenStep, lock: RunLock) -> None:
         self.step, self.lock = step, lock
         step.prepare()
+        self.digest = step.model_digest()
         self.log = open(step.log, "ab")  # noqa: SIM115 - closed in finish
         self.proc = subprocess.Popen(step.command(), stdout=self.log, stderr=subprocess.STDOUT)
         self.started = time.perf_counter()
@@ -124,7 +145,7 @@ class Launched:
     def finish(self) -> bool:
         self.log.close()
         self.lock.release()
-        return self.step.say_done(self.proc.returncode, time.perf_counter() - self.started)
+        return self.step.say_done(self.proc.returncode, time.perf_counter() - self.started, self.digest)
 
 
 def launch(step: FrozenStep) -> Launched | bool | None:

@@ -8,10 +8,11 @@ it, plan.json shows it, and a sweep refuses to go on with a run whose record dif
 naming what changed (`changed_dependencies`).
 
 Digests (`study.provenance`, which every run's provenance record uses too): a file's SHA-256 (its size and
-modification time past `HASH_LIMIT`), a folder's list of (file, size, modification time), a hub name as itself
-(its revision cannot be checked offline). Paths inside the sweep's own folder (the pretrained model of its
-pretraining run, its logs) are the sweep's outputs, not its inputs: left out (the pretraining run has its own
-record).
+modification time past `HASH_LIMIT`), a model folder's content digest (its files' names and bytes), a tokenizer
+folder's list of (file, size, modification time), a hub name as itself (its revision cannot be checked offline).
+Paths inside the sweep's own folder (its logs) are the sweep's outputs, not its inputs: left out, but for the
+sweep's pretrained model once it exists (each run reads it whole before it trains from it and records its digest:
+`study.sweep.run`).
 """
 
 from __future__ import annotations

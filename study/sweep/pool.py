@@ -37,12 +37,15 @@ from study.sweep.source import SourceChanged, SourceWatch
 # ---- one run as a subprocess ---------------------------------------------------------------------------------
 def run_command(
     spec_path: Path, index: int | str | None, quick: bool, passthrough: list[str], save_dir: str | None,
-    threads: int | None = None,
+    threads: int | None = None, spec_digest: str | None = None,
 ) -> list[str]:
     """The `study sweep --run-index` command of one run (``index`` None: the `--worker` command that trains every
-    run it can lock), with every option of this sweep that the run needs."""
+    run it can lock), with every option of this sweep that the run needs; ``spec_digest``: the spec's digest when
+    the sweep started, which the run process refuses to go on without (`study.sweep.spec_identity`)."""
     cmd = [sys.executable, "-m", "study.cli", "sweep", "--config", str(spec_path)]
     cmd += ["--worker"] if index is None else ["--run-index", str(index)]
+    if spec_digest:
+        cmd += ["--spec-digest", spec_digest]
     if quick:
         cmd.append("--quick")
     if save_dir:
@@ -329,7 +332,8 @@ def run_workers(
     change of the source. A worker's own output is ``<sweep>/workers/worker-<i>.log``."""
     folder = plan.sweep_dir / "workers"
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = run_command(plan.spec_path, None, plan.quick, passthrough, args.save_dir, args.threads)
+    cmd = run_command(plan.spec_path, None, plan.quick, passthrough, args.save_dir, args.threads,
+                      spec_digest=plan.spec_digest)
     launched_at = time.time()
     jobs: list[subprocess.Popen] = []
     pending = list(todo)
@@ -441,7 +445,8 @@ def _pool_loop(plan, args, passthrough, progress, slots, pending_steps, pending,
                 if watch is not None:
                     watch.check(f"before launching run {run.name}")
                 env = {"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}
-                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads)
+                cmd = run_command(plan.spec_path, run.index, plan.quick, passthrough, args.save_dir, args.threads,
+                                  spec_digest=plan.spec_digest)
                 try:
                     active[slot] = (run, launch_subprocess(cmd, run, env), time.perf_counter())
                 except OSError as err:  # its log cannot be opened (a full disk): one failed run
@@ -493,7 +498,8 @@ def pretrain(
 
 def _pretrain(plan: Plan, args, passthrough: list[str], subprocess_mode: bool) -> dict:
     if subprocess_mode:
-        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads)
+        cmd = run_command(plan.spec_path, "pretrain", plan.quick, passthrough, args.save_dir, args.threads,
+                          spec_digest=plan.spec_digest)
         proc = launch_subprocess(cmd, plan.pretrain)
         try:
             with stopped_by_signals():

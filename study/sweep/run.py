@@ -118,20 +118,23 @@ def pretrain_done(plan: Plan) -> bool:
 
 def pretrained_problem(plan: Plan) -> str | None:
     """Why the sweep's own pretrained model (`pretrain/hf`, built with checksums) cannot be used, in one line naming
-    it and what to do; None when there is none yet or it is as built."""
+    it and what to do; None when there is none yet or it is as built (read whole: `pretrained_model`)."""
     if plan.pretrain is None or not (plan.pretrain.dir / "hf").exists():
         return None
-    return model_folder_problem(plan.pretrain.dir / "hf", plan.pretrain.dir)
+    return pretrained_model(plan.pretrain.dir / "hf", plan.pretrain.dir)[1]
 
 
-def model_folder_problem(hf: Path, pretrain_dir: Path) -> str | None:
-    from study.cachefolder import folder_problem
+def pretrained_model(hf: Path, pretrain_dir: Path) -> tuple[str | None, str | None]:
+    """(content digest, None) of the sweep's pretrained model, every file read whole against the checksums it was
+    built with (a size and a modification time restored over changed bytes do not hide them); (None, one line
+    naming it and what to do) when it is not as built."""
+    from study.cachefolder import verified_digest
 
-    problem = folder_problem(hf)
+    digest, problem = verified_digest(hf)
     if problem is None:
-        return None
-    return (f"the sweep's pretrained model {hf} is damaged ({problem}); no run trains from it: delete "
-            f"{pretrain_dir} to pretrain it again")
+        return digest, None
+    return None, (f"the sweep's pretrained model {hf} is damaged ({problem}); no run trains from it: delete "
+                  f"{pretrain_dir} to pretrain it again")
 
 
 def utc_now() -> str:
@@ -212,13 +215,17 @@ def _logs_lost_before(run: Run, step: int, logged: dict) -> str | None:
 
 
 def _pretrained_model_problem(run: Run) -> str | None:
-    """The run's model, when it is its sweep's own pretrained model (`<sweep>/pretrain/hf`), checked against its
-    checksums before the run reads it."""
+    """The run's model, when it is its sweep's own pretrained model (`<sweep>/pretrain/hf`), read whole against its
+    checksums before the run reads it; its content digest goes into the run's dependencies (what its status and
+    settings record), so a run of another pretrained model is never resumed or pooled as this one."""
     model = dotted_get(run.resolved, "model.model_name_or_path")
     hf = Path(str(model)) if model else None
     if hf is None or hf.name != "hf" or hf.parent.name != "pretrain" or hf.parent.parent != run.dir.parent:
         return None
-    return model_folder_problem(hf, hf.parent)
+    digest, problem = pretrained_model(hf, hf.parent)
+    if digest is not None:
+        run.depends = {**run.depends, f"model {model}": digest}
+    return problem
 
 
 # ---- one run, in this process ---------------------------------------------------------------------------------
@@ -457,23 +464,27 @@ def attempt_sources(previous: dict[str, Any], record: dict[str, Any] | None, res
 
 
 # ---- one run of the plan, under its lock (`study sweep --run-index`) -----------------------------------------
-def run_one(plan: Plan, index: str) -> int:
+def run_index_refused(plan: Plan, index: str) -> str | None:
+    """Why ``--run-index index`` names no run of the plan (one line), or None."""
     if index == "pretrain":
-        if plan.pretrain is None:
-            print("study sweep: this sweep has no pretraining run", file=sys.stderr)
-            return 2
+        return "this sweep has no pretraining run" if plan.pretrain is None else None
+    try:
+        if int(index) < 0:  # a Python index from the end would run another run
+            raise IndexError(index)
+        plan.runs[int(index)]
+    except (ValueError, IndexError):
+        return f"--run-index {index!r} is not in 0..{len(plan.runs) - 1} or 'pretrain'"
+    return None
+
+
+def run_one(plan: Plan, index: str) -> int:
+    if refused := run_index_refused(plan, index):
+        print(f"study sweep: {refused}", file=sys.stderr)
+        return 2
+    if index == "pretrain":
         run, is_pretrain = plan.pretrain, True
     else:
-        try:
-            if int(index) < 0:  # a Python index from the end would run another run
-                raise IndexError(index)
-            run, is_pretrain = plan.runs[int(index)], False
-        except (ValueError, IndexError):
-            print(
-                f"study sweep: --run-index {index!r} is not in 0..{len(plan.runs) - 1} or 'pretrain'",
-                file=sys.stderr,
-            )
-            return 2
+        run, is_pretrain = plan.runs[int(index)], False
         if not pretrain_done(plan):
             print(
                 f"study sweep: run the pretraining first (--run-index pretrain): {plan.pretrain.dir}",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from study import provenance
+from study.sweep.spec_identity import spec_change
 
 
 class SourceChanged(Exception):
@@ -20,20 +21,29 @@ AFTER = ("its runs would mix two versions of the code: restore the source (or co
          "command; runs already done keep their record, and the report refuses to pool two source hashes")
 
 
-class SourceWatch:
-    """The sweep's source hash at its start, and the checks against it (`check`, `check_run`)."""
+SPEC_AFTER = ("its runs would be built from the edited spec under the plan of the first: restore the spec (or "
+              "save the edited one under another `name`) and rerun the same command; runs already done keep their "
+              "record")
 
-    def __init__(self, config_files: Sequence[str | Path]) -> None:
+
+class SourceWatch:
+    """The sweep's source hash (and, with ``spec``, its spec file's digest: `study.sweep.spec_identity`) at its
+    start, and the checks against them (`check`, `check_run`)."""
+
+    def __init__(self, config_files: Sequence[str | Path], spec: tuple[Path, str] | None = None) -> None:
         self.config_files = [str(f) for f in config_files]
         self.expected = provenance.source_hash(self.config_files)
+        self.spec = spec
 
     def check(self, when: str) -> None:
-        """Raise `SourceChanged` if the source hash now differs from the sweep's; ``when`` says at which point
-        ("before launching run T1.0_k-all_seed0")."""
+        """Raise `SourceChanged` if the source hash or the spec now differ from the sweep's; ``when`` says at which
+        point ("before launching run T1.0_k-all_seed0")."""
         now = provenance.source_hash(self.config_files)
         if now != self.expected:
             raise SourceChanged(f"the package source or its configs changed while the sweep ran (source hash "
                                 f"{self.expected} at its start, {now} {when}); {AFTER}")
+        if self.spec is not None and self.spec[1] and (changed := spec_change(*self.spec)):
+            raise SourceChanged(f"{changed} while the sweep ran (seen {when}); {SPEC_AFTER}")
 
     def check_run(self, name: str, status: dict[str, Any] | None) -> None:
         """Raise `SourceChanged` if run ``name`` recorded another source hash than the sweep's (a run that recorded

@@ -20,6 +20,9 @@ attention functions do: a mask, when given, already holds both.)
 Two paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
   ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
+  while every open tap reads row statistics only (`study.attention.tap.row_statistics_needed`), a logged call
+  stays on this path and the taps get `study.attention.rowstats.RowStatistics`, computed beside the output
+  without the map;
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
   monitors use to read the weights (and, for a tap that asks, the logits: `study.attention.tap.AttentionLogits`). When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
   (`study.attention.blockwise`): the same rows computed a block of queries at a time, each block recomputed in
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from study.attention import blockwise, tap
+from study.attention import blockwise, rowstats, tap
 from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
 from study.attention.qknorm import QKNorm
 from study.attention.registry import normalizer_class
@@ -203,6 +206,11 @@ def attend(
         # computed beside it, below, without an autograd graph.
         if tap.recomputing():  # activation checkpointing's second forward: the taps saw this call already
             return fused_output
+        wanted = tap.row_statistics_needed()
+        if wanted is not None and sinks is None:  # every tap reads row statistics: no map at all
+            _notify_row_statistics(query, key, spec, layer, scaling, mask, bias, causal, sliding_window, visible,
+                                   plain_causal and visible is None, wanted)
+            return fused_output
 
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
@@ -273,6 +281,29 @@ def attend(
     # Every block of one call reaches the taps under one layer number.
     layer_of_call = tap.layer_number(layer) if tap.active_taps() else layer
     return blockwise.attend_in_blocks(lambda rows, first: rows_output(rows, first, layer_of_call), q_len, per_block)
+
+
+def _notify_row_statistics(query, key, spec, layer, scaling, mask, bias, causal, window, fused_mask,
+                           is_causal: bool, wanted: tuple[frozenset[str], int]) -> None:
+    """Hand the taps this call's softmax row statistics (`study.attention.rowstats`), computed without the map."""
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    if key.shape[1] != query.shape[1]:
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    exact = torch.promote_types(query.dtype, torch.float32)
+
+    def visible_of(keys: slice) -> Tensor | None:
+        return _visible(q_len, kv_len, query.device, mask, causal, window, ALL, keys)[0]
+
+    transform = None
+    if bias is not None:
+        def transform(raw: Tensor, keys: slice) -> Tensor:
+            return raw + _block_of(bias, ALL, keys).to(exact)
+
+    needs, top_k = wanted
+    rows = rowstats.row_statistics(query, key, scaling=scaling, temperature=spec.temperature, visible_of=visible_of,
+                                   mask=fused_mask, is_causal=is_causal, logit_transform=transform, needs=needs,
+                                   top_k=top_k)
+    tap.notify_rows(layer, rows, spec)
 
 
 def _normalize(scores: Tensor, allowed: Tensor, spec: AttentionSpec, normalizer: Normalizer, sinks) -> Tensor:

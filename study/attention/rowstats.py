@@ -99,12 +99,6 @@ def fused_logsumexp(query: Tensor, key: Tensor, attn_mask: Tensor | None, is_cau
     return None
 
 
-def _key_blocks(batch_heads: int, q_len: int, kv_len: int, block_keys: int | None) -> int:
-    if block_keys is None:
-        block_keys = blockwise.current_settings().block_scores // max(batch_heads * q_len, 1)
-    return max(min(block_keys, kv_len), 1)
-
-
 def row_statistics(
     query: Tensor,
     key: Tensor,
@@ -153,7 +147,8 @@ def _statistics(query, key, scaling, temperature, visible_of, logit_transform, n
     kv_len = key.shape[-2]
     rows = (batch, heads, q_len)
     device, dtype = query.device, query.dtype
-    per_block = _key_blocks(batch * heads, q_len, kv_len, block_keys)
+    per_block = (max(min(block_keys, kv_len), 1) if block_keys
+                 else blockwise.keys_per_block(batch * heads, q_len, kv_len))
     full_pass = fused is None
     top_k = min(top_k, kv_len)
 

@@ -9,8 +9,10 @@ from study.bench.fusedstats import TOP_K_PATHS, fused_markdown, run_fused_bench
 
 
 def test_fused_bench_rows_and_table():
-    result = run_fused_bench((16, 32), top_k_length=24, repeats=1)
-    assert [row["length"] for row in result["statistics"]] == [16, 32]
+    result = run_fused_bench((16, 32), top_k_length=24, repeats=1, key_blocks_max_length=16)
+    assert [(row["length"], row["statistics"]) for row in result["statistics"]] == [
+        (16, "entropy + first key (fused call)"), (16, "every statistic (key blocks)"),
+        (32, "entropy + first key (fused call)")]
     for row in result["statistics"]:
         assert row["unlogged_s"] > 0 and row["logged_s"] > 0
         assert row["time_ratio"] == row["logged_s"] / row["unlogged_s"]
@@ -18,7 +20,7 @@ def test_fused_bench_rows_and_table():
     assert [row["path"] for row in result["top_k"]] == list(TOP_K_PATHS)
     assert result["top_k"][0]["ratio_to_stock"] == 1.0
     table = fused_markdown(result)
-    assert "| 32 |" in table and "gathered top-k" in table and "L = 24" in table
+    assert "| 32 | entropy + first key" in table and "gathered top-k" in table and "L = 24" in table
 
 
 def test_fused_bench_command_writes_json_and_markdown(tmp_path):

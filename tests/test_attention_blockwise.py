@@ -144,6 +144,16 @@ def _brute_kwargs(kwargs):
     return out
 
 
+class _RowBlockTap:
+    """An open tap that takes blocks of rows: top-k softmax, which takes the gathered path without taps
+    (`study.attention.topk`), keeps its explicit blockwise path under it; the function is the same."""
+
+    row_blocks = True
+
+    def observe(self, layer, weights, allowed, spec) -> None:
+        pass
+
+
 def _blockwise(fn, lk: int = LK):
     """Run ``fn`` with the blockwise path forced at ROWS_PER_BLOCK rows a block; fail if it did not run."""
     calls = []
@@ -155,7 +165,7 @@ def _blockwise(fn, lk: int = LK):
 
     blockwise.attend_in_blocks = spy
     try:
-        with blockwise_settings(min_scores=0, block_scores=B * H * lk * ROWS_PER_BLOCK):
+        with blockwise_settings(min_scores=0, block_scores=B * H * lk * ROWS_PER_BLOCK), tapping(_RowBlockTap()):
             out = fn()
     finally:
         blockwise.attend_in_blocks = original

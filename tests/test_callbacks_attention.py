@@ -113,8 +113,8 @@ def test_only_logging_steps_open_a_tap(tmp_path):
     module = PlainAttention()
     monitor = AttentionEntropyMonitor(every_n_steps=2, validation=False)
     calls: list[int] = []
-    observe = monitor.observe
-    monitor.observe = lambda layer, *a: (calls.append(layer), observe(layer, *a))
+    observe_rows = monitor.observe_rows  # PlainAttention's stock softmax: row statistics, no weights
+    monitor.observe_rows = lambda layer, *a: (calls.append(layer), observe_rows(layer, *a))
     make_trainer(tmp_path, [monitor], max_steps=5, limit_val_batches=0).fit(module, token_loader(n=10))
     assert module.taps_seen == [(0, 1), (1, 0), (2, 1), (3, 0), (4, 1)]
     assert calls == [0, 1, 0, 1, 0, 1]  # two layers, on three steps

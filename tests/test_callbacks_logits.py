@@ -58,11 +58,16 @@ class FixedQK(L.LightningModule):
 
 
 class CountingLogitMonitor(AttentionLogitMonitor):
-    calls = 0
+    calls = 0  # calls whose logits it was handed (the explicit path)
+    row_calls = 0  # calls whose row statistics it was handed (the fused path: no map)
 
     def observe_logits(self, layer, logits):
         self.calls += 1
         super().observe_logits(layer, logits)
+
+    def observe_rows(self, layer, rows, spec):
+        self.row_calls += 1
+        super().observe_rows(layer, rows, spec)
 
 
 def batches(n: int = 1) -> DataLoader:
@@ -77,12 +82,12 @@ def fit(tmp_path, module, monitor, **kwargs) -> dict:
 @pytest.mark.parametrize(
     "spec, blockwise",
     [
-        (AttentionSpec(), False),  # stock softmax: the fused path, explicit on the tapped steps
+        (AttentionSpec(), False),  # stock softmax: the fused path, row statistics on the tapped steps
         (AttentionSpec(temperature=0.1), False),
-        (AttentionSpec(temperature=0.1, top_k=2), False),
-        (AttentionSpec(temperature=0.3), True),  # blockwise: the taps see the logits a block of rows at a time
+        (AttentionSpec(temperature=0.1, top_k=2), False),  # top-k: the explicit path and its logits
+        (AttentionSpec(temperature=0.3, top_k=5), True),  # blockwise: the logits a block of rows at a time
     ],
-    ids=["stock", "T0.1", "T0.1-top2", "T0.3-blockwise"],
+    ids=["stock", "T0.1", "T0.1-top2", "T0.3-top5-blockwise"],
 )
 def test_closed_form_maximum_and_brute_force_moments(tmp_path, spec, blockwise):
     module = FixedQK(spec)
@@ -93,7 +98,10 @@ def test_closed_form_maximum_and_brute_force_moments(tmp_path, spec, blockwise):
     else:
         logged = fit(tmp_path, module, monitor)
     # one training step and one validation batch, two layers; blockwise: 4 blocks of rows each
-    assert monitor.calls == 2 * 2 * (4 if blockwise else 1)
+    if spec.top_k is None:
+        assert (monitor.row_calls, monitor.calls) == (2 * 2, 0)
+    else:
+        assert (monitor.row_calls, monitor.calls) == (0, 2 * 2 * (4 if blockwise else 1))
     T = spec.temperature
     for prefix in ("", "val/"):
         for layer, ref in module.reference().items():

@@ -104,6 +104,12 @@ def block_rows(batch_heads: int, q_len: int, kv_len: int) -> int | None:
     return rows if rows < q_len else None
 
 
+def keys_per_block(batch_heads: int, q_len: int, kv_len: int) -> int:
+    """Key columns per block for a pass over keys with every query row at once (row statistics, top-k selection):
+    ``block_scores`` score elements a block, at least one key, at most every key."""
+    return max(min(_state.settings.block_scores // max(batch_heads * q_len, 1), kv_len), 1)
+
+
 def attend_in_blocks(rows_output: Callable[[slice, bool], Tensor], q_len: int, rows_per_block: int) -> Tensor:
     """Concatenate ``rows_output(rows, first_pass)`` over blocks of query rows, recomputing each in the backward.
 
@@ -128,4 +134,5 @@ def attend_in_blocks(rows_output: Callable[[slice, bool], Tensor], q_len: int, r
     return torch.cat(outputs, dim=-2)
 
 
-__all__ = ["BlockwiseSettings", "attend_in_blocks", "block_rows", "blockwise_settings", "current_settings"]
+__all__ = ["BlockwiseSettings", "attend_in_blocks", "block_rows", "blockwise_settings", "current_settings",
+           "keys_per_block"]

@@ -18,9 +18,15 @@ when not). At T = 1 with stock softmax every model gets exactly its own attentio
 `study.attention.hf` passes causality and the window only when the model gives no mask, as transformers' own
 attention functions do: a mask, when given, already holds both.)
 
-Two paths compute the same function:
+Three paths compute the same function:
 - fast: stock softmax with no top-k, no soft-capping and no open tap runs PyTorch's fused SDPA with
   ``scale = scaling / T`` (biases divided by T, a sink as one extra zero key/value whose bias is the sink logit);
+  while every open tap reads row statistics only (`study.attention.tap.row_statistics_needed`), a logged call
+  stays on this path and the taps get `study.attention.rowstats.RowStatistics`, computed beside the output
+  without the map;
+- gathered top-k: softmax with top-k and no open tap (no sink, no dropout) selects each row's k keys over blocks of
+  keys without gradient, then attends over those k only (`study.attention.topk`): the explicit path's function,
+  with L x k scores in the forward and backward passes;
 - explicit: fp32 scores, finite mask values, optional top-k selection, any normaliser, and the taps that
   monitors use to read the weights (and, for a tap that asks, the logits: `study.attention.tap.AttentionLogits`). When the (B, H, Lq, Lk) score tensor would be large it runs blockwise
   (`study.attention.blockwise`): the same rows computed a block of queries at a time, each block recomputed in
@@ -33,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from study.attention import blockwise, tap
+from study.attention import blockwise, rowstats, tap, topk
 from study.attention.gate import OutputGate
 from study.attention.normalizers import MASK_VALUE, Normalizer, Softmax, top_k_allowed
 from study.attention.qknorm import QKNorm
@@ -224,12 +230,21 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, spec: AttentionSpec, mask
         # computed beside it, below, without an autograd graph.
         if tap.recomputing():  # activation checkpointing's second forward: the taps saw this call already
             return fused_output
+        wanted = tap.row_statistics_needed()
+        if wanted is not None and sinks is None:  # every tap reads row statistics: no map at all
+            _notify_row_statistics(query, key, spec, layer, scaling, mask, bias, causal, sliding_window, visible,
+                                   plain_causal and visible is None, wanted)
+            return fused_output
 
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     if normalizer is None:
         normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
+
+    if (spec.top_k is not None and spec.top_k < kv_len and type(normalizer) is Softmax and sinks is None
+            and dropout == 0.0 and not tap.active_taps()):
+        return _top_k_gathered(query, key, value, spec, scaling, softcap, bias, mask, causal, sliding_window)
 
     exact = torch.promote_types(query.dtype, torch.float32)
 
@@ -294,6 +309,72 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, spec: AttentionSpec, mask
     # Every block of one call reaches the taps under one layer number.
     layer_of_call = tap.layer_number(layer) if tap.active_taps() else layer
     return blockwise.attend_in_blocks(lambda rows, first: rows_output(rows, first, layer_of_call), q_len, per_block)
+
+
+def _notify_row_statistics(query, key, spec, layer, scaling, mask, bias, causal, window, fused_mask,
+                           is_causal: bool, wanted: tuple[frozenset[str], int]) -> None:
+    """Hand the taps this call's softmax row statistics (`study.attention.rowstats`), computed without the map."""
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    if key.shape[1] != query.shape[1]:
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    exact = torch.promote_types(query.dtype, torch.float32)
+
+    def visible_of(keys: slice) -> Tensor | None:
+        return _visible(q_len, kv_len, query.device, mask, causal, window, ALL, keys)[0]
+
+    transform = None
+    if bias is not None:
+        def transform(raw: Tensor, keys: slice) -> Tensor:
+            return raw + _block_of(bias, ALL, keys).to(exact)
+
+    needs, top_k = wanted
+    rows = rowstats.row_statistics(query, key, scaling=scaling, temperature=spec.temperature, visible_of=visible_of,
+                                   mask=fused_mask, is_causal=is_causal, logit_transform=transform, needs=needs,
+                                   top_k=top_k)
+    tap.notify_rows(layer, rows, spec)
+
+
+def _top_k_gathered(query, key, value, spec: AttentionSpec, scaling: float, softcap, bias, mask, causal: bool,
+                    window) -> Tensor:
+    """Top-k softmax by selection, then gather (`study.attention.topk`): the explicit path's function, with scores
+    for L x k pairs in the forward and backward passes (heads already shared out)."""
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    exact = torch.promote_types(query.dtype, torch.float32)
+    full = (*query.shape[:2], q_len, kv_len)
+
+    def transform(raw: Tensor, bias_at: Tensor | None) -> Tensor:
+        """The model's own transforms, then T, as the explicit path applies them."""
+        if softcap is not None:
+            raw = torch.tanh(raw / softcap) * softcap
+        if bias_at is not None:
+            raw = raw + bias_at.to(exact)
+        return raw / spec.temperature
+
+    def logits_of(q: Tensor, k_block: Tensor, keys: slice) -> Tensor:
+        raw = torch.matmul(q.to(exact), k_block.to(exact).transpose(-1, -2)) * scaling
+        return transform(raw, None if bias is None else _block_of(bias, ALL, keys))
+
+    def visible_of(keys: slice) -> Tensor | None:
+        return _visible(q_len, kv_len, query.device, mask, causal, window, ALL, keys)[0]
+
+    def logits_of_gathered(q: Tensor, picked_keys: Tensor, index: Tensor) -> Tensor:
+        raw = torch.matmul(picked_keys.to(exact), q.to(exact).unsqueeze(-1)).squeeze(-1) * scaling
+        return transform(raw, None if bias is None else bias.expand(full).gather(-1, index))
+
+    def visible_of_gathered(index: Tensor) -> Tensor | None:
+        positions = torch.arange(q_len, device=index.device)[:, None] + (kv_len - q_len)
+        seen = None if mask is None else mask.expand(full).gather(-1, index)
+        if causal and q_len > 1:
+            seen = index <= positions if seen is None else seen & (index <= positions)
+        if window is not None:
+            distance = positions - index
+            band = distance < window if causal else distance.abs() < window
+            seen = band if seen is None else seen & band
+        return seen
+
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        index = topk.select_top_k(query, key, spec.top_k, logits_of, visible_of)
+        return topk.gathered_attention(query, key, value, index, logits_of_gathered, visible_of_gathered)
 
 
 def _normalize(scores: Tensor, allowed: Tensor, spec: AttentionSpec, normalizer: Normalizer, sinks) -> Tensor:

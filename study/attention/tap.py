@@ -30,6 +30,13 @@ the flag gets the explicit path for the whole call, as before: its output is dif
 to any order (the probe's Hessian of the loss in W_q, W_k needs that; the fused CPU kernel has no double
 backward).
 
+A tap that reads only row statistics may say so with ``row_statistics`` (a set of names from
+`study.attention.rowstats.STATISTICS`; ``row_top_k``, when it asks for "top", the number of largest weights) and an
+``observe_rows(layer, rows, spec)`` method. On a fused-path spec (stock softmax, no sink), while every open tap says
+so, the call hands each tap the call's `study.attention.rowstats.RowStatistics` instead of weights: computed beside
+the fused output from the kernel's log-sum-exp or in blocks of keys, O(L) memory and no attention map. While any
+open tap needs the weights, every tap gets the weights, as above.
+
 Taps are per process and per thread; under DDP each rank taps its own forward pass.
 
 Under activation checkpointing (`CausalLMModule(gradient_checkpointing=True)`, transformers'
@@ -173,6 +180,31 @@ def fused_output_allowed() -> bool:
 def wants_logits() -> bool:
     """Whether an open tap receives the calls' logits (defines ``observe_logits``)."""
     return any(hasattr(tap, "observe_logits") for tap in _state.taps)
+
+
+def row_statistics_needed() -> tuple[frozenset[str], int] | None:
+    """(The statistics every open tap asks for together, the largest ``row_top_k``) when every open tap takes
+    row statistics (``row_statistics`` and ``observe_rows``), else None (then the taps get the weights)."""
+    if not _state.taps:
+        return None
+    needs: frozenset[str] = frozenset()
+    top_k = 1
+    for tap in _state.taps:
+        wanted = getattr(tap, "row_statistics", None)
+        if wanted is None or not hasattr(tap, "observe_rows"):
+            return None
+        needs |= wanted
+        top_k = max(top_k, getattr(tap, "row_top_k", 1))
+    return needs, top_k
+
+
+def notify_rows(layer: int | None, rows, spec: AttentionSpec) -> None:
+    """Hand every open tap one call's `study.attention.rowstats.RowStatistics` (not inside a backward pass)."""
+    if recomputing():
+        return
+    layer = layer_number(layer)
+    for tap in _state.taps:
+        tap.observe_rows(layer, rows, spec)
 
 
 def layer_number(layer: int | None) -> int:

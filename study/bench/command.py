@@ -63,6 +63,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--paths", default=None,
                         help="length sweep: comma-separated from 'dense explicit', blockwise (default both; stock "
                              "SDPA always runs)")
+    parser.add_argument("--fused-stats", default=None, metavar="LENGTHS",
+                        help="instead of the training suite: the row statistics' cost (a logged call against an "
+                             "unlogged one) at the comma-separated L (e.g. 512,2048,8192) and top-k = 8 at L = 4096 "
+                             "against stock SDPA, on SmolLM2's attention shape (writes fused.json and fused.md)")
+    parser.add_argument("--top-k-length", type=int, default=4096,
+                        help="--fused-stats: the L of the top-k = 8 call (default 4096)")
     parser.add_argument("--main-job", nargs="?", const="configs/sweeps/default.yaml", default=None, metavar="SPEC",
                         help="instead of the training suite: the main job's steps (the probe, the analysis, one "
                              "fine-tuning run) each as its own process at the spec's settings (default "
@@ -116,22 +122,44 @@ def run_lengths(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_interception_bench(args: argparse.Namespace) -> int:
-    """`study bench --interception`: the interception's overhead alone, written as interception.json and .md."""
+def _write_outputs(out_dir: str, stem: str, result: dict, markdown: str) -> int:
+    """Write ``stem``.json and ``stem``.md whole into ``out_dir`` and print the table."""
     import json
     from pathlib import Path
 
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out / f"{stem}.json", json.dumps(result, indent=1) + "\n")
+    write_text_atomically(out / f"{stem}.md", markdown.rstrip("\n") + "\n")
+    print(markdown)
+    print(f"[bench] wrote {out / f'{stem}.json'} and {out / f'{stem}.md'}")
+    return 0
+
+
+def run_interception_bench(args: argparse.Namespace) -> int:
+    """`study bench --interception`: the interception's overhead alone, written as interception.json and .md."""
     from study.bench.interception import interception_markdown, run_interception
 
     result = run_interception(rounds=args.rounds or 8, chunk=args.chunk or 4, warmup=args.warmup or 3)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    markdown = interception_markdown(result)
-    write_text_atomically(out / "interception.json", json.dumps(result, indent=1) + "\n")
-    write_text_atomically(out / "interception.md", markdown)
-    print(markdown)
-    print(f"[bench] wrote {out / 'interception.json'} and {out / 'interception.md'}")
-    return 0
+    return _write_outputs(args.out, "interception", result, interception_markdown(result))
+
+
+def run_fused_stats(args: argparse.Namespace) -> int:
+    """`study bench --fused-stats ...`: the row statistics and the gathered top-k, written as fused.json and fused.md."""
+    from study.bench.fusedstats import fused_markdown, run_fused_bench
+    from study.bench.suite import machine
+
+    try:
+        lengths = tuple(int(n) for n in args.fused_stats.split(","))
+    except ValueError:
+        raise SystemExit(f"--fused-stats {args.fused_stats!r}: comma-separated integers expected") from None
+    if not lengths or min(lengths) < 2:
+        raise SystemExit(f"--fused-stats {args.fused_stats!r}: lengths must be >= 2")
+    if args.top_k_length < 16:
+        raise SystemExit(f"--top-k-length must be >= 16 (top-k = 8 of fewer keys selects them all), got {args.top_k_length}")
+    result = run_fused_bench(lengths, top_k_length=args.top_k_length, device=args.device)
+    result["machine"] = machine()
+    return _write_outputs(args.out, "fused", result, fused_markdown(result))
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -180,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_lengths(args)
     if args.interception:
         return run_interception_bench(args)
+    if args.fused_stats:
+        return run_fused_stats(args)
     settings = settings_from_args(args)
     result = run_benchmark(settings, on_model=lambda partial: write(partial, args.out), show_progress=not args.quiet)
     json_path, md_path = write(result, args.out)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from study import tags
 from study.attention import AttentionSpec
+from study.attention.rowstats import RowStatistics
 from study.callbacks.base import (
     Sums,
     TapMonitor,
@@ -25,7 +26,7 @@ from study.callbacks.base import (
     tensorboard_writers,
 )
 from study.callbacks.layers import LayerChoice
-from study.metrics import VISIBLE_BINS, finalize, summarize_rows
+from study.metrics import VISIBLE_BINS, finalize, row_entropy_sums, summarize_row_values, summarize_rows
 
 
 def _layer_and_mean(name: str, per_layer: dict[int, Tensor], per_head: bool) -> dict[str, Tensor]:
@@ -98,8 +99,13 @@ class AttentionEntropyMonitor(TapMonitor):
         self.per_head = per_head
         self.histogram = histogram
 
+    row_statistics = frozenset({"entropy"})
+
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         return call_entropy_sums(weights, allowed, spec)
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        return row_entropy_sums(rows.entropy, rows.visible)
 
     def _per_head(self, sums: Sums) -> dict[str, dict[int, Tensor]]:
         means = {layer: finalize(s) for layer, s in sums.items()}
@@ -196,6 +202,20 @@ class SelectionUniformityMonitor(TapMonitor):
         rows = row_distribution(weights, spec)
         sums = summarize_rows(rows, allowed, selection_ks=self.selection_ks, by_visible=self.by_visible,
                               entropy=known_row_entropy(weights, allowed, spec))  # fmt: skip
+        sums.pop("entropy")  # the entropy monitor's
+        sums.pop("normalized_entropy")
+        return sums
+
+    row_statistics = frozenset({"entropy", "top", "tv_uniform", "nonzero"})
+
+    @property
+    def row_top_k(self) -> int:
+        return max(self.selection_ks, default=1)
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        top = rows.top_weights[..., : min(self.row_top_k, rows.top_weights.shape[-1])]
+        sums = summarize_row_values(rows.entropy, rows.tv_uniform, rows.nonzero, top, rows.visible,
+                                    selection_ks=self.selection_ks, by_visible=self.by_visible)
         sums.pop("entropy")  # the entropy monitor's
         sums.pop("normalized_entropy")
         return sums

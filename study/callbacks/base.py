@@ -36,6 +36,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import NORMALIZERS, AttentionSpec, tapping
+from study.attention.rowstats import RowStatistics
 from study.callbacks.layers import LayerChoice, check_layers, resolve_layers
 from study.metrics import as_distribution, entropy_sums, visible_row_entropy
 
@@ -176,10 +177,15 @@ class TapMonitor(TapCallback):
 
     A monitor only reads what it is handed (``fused_output``): on a spec the fused kernel computes, a logged step
     keeps that kernel's output and backward, and the weights are computed beside it for the monitors alone.
+
+    A subclass whose statistics follow from softmax row statistics (`study.attention.rowstats`) names them in
+    ``row_statistics`` and implements `summarize_row_statistics`: while every open tap does, a fused-path call hands
+    the monitors those statistics instead of weights, and no attention map is formed (`study.attention.tap`).
     """
 
     row_blocks = True
     fused_output = True
+    row_statistics: frozenset[str] | None = None
 
     def __init__(self, every_n_steps: int = 50, validation: bool = True, layers: LayerChoice = None) -> None:
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
@@ -217,6 +223,13 @@ class TapMonitor(TapCallback):
         if summary:  # empty: nothing for this monitor in this layer (e.g. a Jacobian of a non-softmax normaliser)
             self.accumulate(self._phase, layer, summary)
 
+    def observe_rows(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> None:
+        if self._phase is None or not self.selects(layer):
+            return
+        summary = self.summarize_row_statistics(layer, rows, spec)
+        if summary:
+            self.accumulate(self._phase, layer, summary)
+
     def accumulate(self, phase: str, layer: int, summary: dict[str, Tensor]) -> None:
         """Add a layer's sums (max for ``*_max`` keys) to what the phase has gathered so far."""
         acc = self._sums[phase].setdefault(layer, {})
@@ -230,6 +243,10 @@ class TapMonitor(TapCallback):
 
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         """Sums (or ``*_max`` maxima) of one attention call, as tensors on the weights' device (no host sync)."""
+        raise NotImplementedError
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        """The sums `summarize` gives, from one call's softmax row statistics (those ``row_statistics`` names)."""
         raise NotImplementedError
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:

@@ -26,9 +26,10 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec
+from study.attention.rowstats import RowStatistics
 from study.callbacks.base import TRAIN, Sums, TapMonitor, call_entropy_sums, tensorboard_writers
 from study.callbacks.layers import LayerChoice
-from study.metrics import finalize
+from study.metrics import finalize, row_entropy_sums
 
 ACTIONS = ("warn", "stop")
 
@@ -95,8 +96,13 @@ class EntropyCollapseAlert(TapMonitor):
             return f"below {self.threshold:g}"
         return f"fell by {self.factor:g}x" + (f" and by {self.min_drop:g}" if self.min_drop else "")
 
+    row_statistics = frozenset({"entropy"})
+
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         return call_entropy_sums(weights, allowed, spec)
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        return row_entropy_sums(rows.entropy, rows.visible)
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
         if phase != TRAIN or not sums:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from study import tags
 from study.attention import AttentionLogits, AttentionSpec
+from study.attention.rowstats import RowStatistics
 from study.callbacks.base import Sums, TapMonitor, layer_spread, nanmean
 from study.callbacks.layers import LayerChoice
 
@@ -79,9 +80,10 @@ class AttentionLogitMonitor(TapMonitor):
     std, ``.../mean`` pools every logged layer and ``layer_min``, ``layer_max`` are the extreme layer values. With
     ``per_head``: ``.../layer_{l}/head_{h}``. Maxima are reduced across DDP ranks with a MAX, the sums with a SUM.
 
-    The logits come through the taps (`study.attention.AttentionLogits`): the fused SDPA path runs the explicit
-    one on the steps a monitor taps, and the blockwise path hands them a block of rows at a time (maxima and sums
-    merge exactly). A sink logit (gpt-oss) is not a key's logit and is left out.
+    On the fused SDPA path the statistics come from the call's row statistics (`study.attention.rowstats`: the
+    maxima and the moments merged over blocks of keys, no map) while every open tap reads those; otherwise from the
+    logits the explicit path hands the taps (`study.attention.AttentionLogits`), a block of rows at a time on the
+    blockwise path (maxima and sums merge exactly). A sink logit (gpt-oss) is not a key's logit and is left out.
 
     Args:
         every_n_steps: tap and log every this many optimizer steps.
@@ -105,8 +107,21 @@ class AttentionLogitMonitor(TapMonitor):
             return
         self.accumulate(self._phase, layer, logit_sums(logits))
 
+    row_statistics = frozenset({"max_logit", "logit_moments"})
+
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         return {}  # everything comes from the logits (`observe_logits`)
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        heads = (0, 2)
+        return {
+            "logits": rows.logit_count.sum(heads),
+            "logit_sum": rows.logit_sum.sum(heads),
+            "logit_square_sum": (rows.logit_m2 + rows.logit_count * (rows.logit_sum / rows.logit_count.clamp(min=1))
+                                 .square()).sum(heads),
+            "scaled_max": rows.scaled_max.amax(dim=(0, 2)),
+            "raw_max": rows.raw_max.amax(dim=(0, 2)),
+        }
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
         sums = {layer: s for layer, s in sorted(sums.items()) if s}

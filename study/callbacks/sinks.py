@@ -13,6 +13,7 @@ from torch import Tensor
 
 from study import tags
 from study.attention import AttentionSpec
+from study.attention.rowstats import RowStatistics
 from study.callbacks.base import Sums, TapMonitor, layer_spread, nanmean, row_distribution
 from study.callbacks.layers import LayerChoice
 
@@ -76,8 +77,18 @@ class AttentionSinkMonitor(TapMonitor):
         self.threshold = float(threshold)
         self.per_head = per_head
 
+    row_statistics = frozenset({"first_key"})
+
     def summarize(self, layer: int, weights: Tensor, allowed: Tensor, spec: AttentionSpec) -> dict[str, Tensor]:
         return first_key_sums(row_distribution(weights, spec), allowed)
+
+    def summarize_row_statistics(self, layer: int, rows: RowStatistics, spec: AttentionSpec) -> dict[str, Tensor]:
+        seen = rows.visible > 0
+        heads = (0, 2)
+        return {
+            "first_key_rows": seen.sum(heads).to(torch.float64),
+            "first_key_weight": torch.where(seen, rows.first_key_weight, 0.0).to(torch.float64).sum(heads),
+        }
 
     def compute(self, sums: Sums, phase: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Tensor]:
         per_head = {layer: s["first_key_weight"] / s["first_key_rows"] for layer, s in sorted(sums.items()) if s}

@@ -315,10 +315,17 @@ def entropy_sums(weights: Tensor, allowed: Tensor, entropy: Tensor | None = None
     costs about a third of the full summary (the entropy monitor needs nothing else). With ``entropy`` (the rows'
     `visible_row_entropy`, already computed for this call) no pass over the weights at all."""
     if entropy is None:
-        w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+        w, n, _, _, _ = _rows(weights, allowed)
         entropy = row_entropy(w)
     else:
-        n, valid, nondegenerate, log_n = _counts(weights, allowed)
+        n = _counts(weights, allowed)[0]
+    return row_entropy_sums(entropy, n)
+
+
+def row_entropy_sums(entropy: Tensor, n: Tensor) -> dict[str, Tensor]:
+    """`entropy_sums` from each row's entropy and visible count n (B, H, Lq): rows without a map
+    (`study.attention.rowstats`)."""
+    valid, nondegenerate, log_n = n >= 1, n >= 2, _log_visible(n)
     per_row = {
         "entropy": (entropy, valid),
         "normalized_entropy": (entropy / log_n.clamp(min=math.log(2)), nondegenerate),
@@ -347,7 +354,7 @@ def summarize_rows(
     statistic of the same call has computed it (the same values; one pass over the weights fewer).
     """
     Lk = weights.shape[-1]
-    w, n, valid, nondegenerate, log_n = _rows(weights, allowed)
+    w, n, _, _, _ = _rows(weights, allowed)
     entropy = row_entropy(w) if entropy is None else entropy
     # TV to uniform = sum_i (a_i - 1/n)_+ because both distributions sum to 1 over the visible keys; masked
     # keys hold 0 < 1/n and drop out of the positive part, so no mask is needed here.
@@ -358,6 +365,18 @@ def summarize_rows(
     # One topk with the largest k; every smaller k reads a prefix of it.
     kmax = min(max(selection_ks), Lk) if selection_ks else 1
     top = w.topk(kmax, dim=-1).values  # (B, H, Lq, kmax), descending
+    return summarize_row_values(entropy, tv, nonzero, top, n, selection_ks, by_visible)
+
+
+def summarize_row_values(
+    entropy: Tensor, tv: Tensor, nonzero: Tensor, top: Tensor, n: Tensor, selection_ks: tuple[int, ...] = (1, 4, 16),
+    by_visible: bool = False,
+) -> dict[str, Tensor]:
+    """`summarize_rows` from per-row values (B, H, Lq): entropy, TV to uniform, nonzero count, visible count n, and
+    ``top`` (B, H, Lq, k), the row's largest weights in descending order with k = min(max(selection_ks), Lk).
+    Rows without a map (`study.attention.rowstats`) are summarised here as the weights are."""
+    valid, nondegenerate, log_n = n >= 1, n >= 2, _log_visible(n)
+    kmax = top.shape[-1]
     cum = top.cumsum(-1)
 
     per_row: dict[str, tuple[Tensor, Tensor]] = {

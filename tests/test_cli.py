@@ -24,6 +24,7 @@ def fit_args(text_files, tmp_path, *extra):
         "--model.n_layer=2",
         "--model.n_embd=32",
         "--trainer.max_steps=2",
+        "--model.warmup_steps=1",  # the config's 30 is longer than these runs
         "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=2",
         "--trainer.enable_progress_bar=false",

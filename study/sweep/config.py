@@ -131,6 +131,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what validation changed (merged duplicates), to print
     probe: list[str] | None = None  # `study probe` arguments (after pretraining, before the report)
     analyze: list[str] | None = None  # `study analyze` arguments (after the probe, before the report)
+    replace: list[Run] = field(default_factory=list)  # run folders on disk that failed before step 1 under other settings
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -290,9 +290,7 @@ def check_arguments(values: dict[str, Any], prefix: str = "") -> None:
         check_int(key("block_size"), values["block_size"], minimum=1, none=True)
     if "dropout" in values:
         check_number(key("dropout"), values["dropout"], 0, 1, high_open=True)
-    if "learning_rate" in values:
-        check_number(key("learning_rate"), values["learning_rate"], minimum=0, low_open=True)
-    for name in ("weight_decay", "adam_epsilon", "z_loss"):
+    for name in ("learning_rate", "weight_decay", "adam_epsilon", "z_loss"):
         if name in values:
             check_number(key(name), values[name], minimum=0)
     if "min_lr_ratio" in values:

@@ -95,7 +95,7 @@ def test_study_fit_refuses_each_bad_value_before_building(nothing_built, tmp_pat
 
 def test_the_learning_rate_is_named_by_its_key_not_by_torch(nothing_built, capsys):
     err = refused(capsys, study(["fit", "--config", str(DEFAULT), "--model.learning_rate=-1"]))
-    assert "model.learning_rate = -1.0: must be a finite number > 0" in err and "Invalid learning rate" not in err
+    assert "model.learning_rate = -1.0: must be a finite number >= 0" in err and "Invalid learning rate" not in err
 
 
 def test_the_good_config_passes_the_preflight(nothing_built, capsys):

@@ -61,7 +61,7 @@ def test_a_second_run_gets_a_new_version_and_nothing_is_overwritten(text_files, 
         ("--model.attention.temperature=0", "temperature"),
         ("--model.attention.top_k=0", "top_k"),
         ("--model.attention.normalizer=softermax", "softermax"),
-        ("--data.block_size=512", "block_size=512"),
+        ("--data.block_size=512", "data.block_size = 512"),
     ],
 )
 def test_bad_values_fail_before_training(text_files, tmp_path, override, match, capsys):

@@ -135,8 +135,6 @@ def check_args(args: argparse.Namespace) -> None:
     _int_list("--top-k", args.top_k, 1)
     if args.analysis_length is not None:
         _int_list("--analysis-length", args.analysis_length, 1)
-    if args.lengths:
-        _int_list("--lengths", args.lengths, 1)
     check_number("--peak-flops", args.peak_flops, minimum=0, low_open=True)
     check_number("--budget-gb", args.budget_gb, minimum=0, low_open=True)
     for name in (args.models or "").split(",") if args.models is not None else []:

@@ -91,7 +91,8 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         named = naming(err, path)
         if named is err:
             raise
-        raise named from err
+        # not `from err`: a message is made from the innermost cause (`study.errors.one_line`), which names no file
+        raise named from None
 
 
 def write_text_atomically(path: Path, text: str) -> None:

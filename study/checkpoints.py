@@ -45,6 +45,26 @@ def verify_records(path: Path) -> str | None:
     return None
 
 
+PICKLE_PROTOCOL_2_UP = b"\x80"  # the opcode that opens a pickle of protocol 2 or later
+
+
+def is_pickle(path: str | Path) -> bool:
+    """Whether the file is a pickle, bare or inside torch's zip format (a ``data.pkl`` record); read, never
+    unpickled."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] == PICKLE_PROTOCOL_2_UP:
+            return True
+        if head == b"PK" and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                return any(name.endswith(".pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return False
+
+
 def checkpoint_problem(path: str | Path) -> str | None:
     """Why a checkpoint file cannot be used (truncated, damaged bytes, not a checkpoint, holds code), on one line;
     None if it loads and every byte is as written."""

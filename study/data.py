@@ -46,7 +46,12 @@ from study.corpus import (
     shakespeare_files,
     text_problem,
 )
+from study.errors import BadValue, check_choice, check_int
 from study.sampler import EpochSampler, ResumableLoader, collate
+
+# A byte-level BPE holds its 256 byte tokens and the end-of-text token whatever `vocab_size` asks for: a smaller
+# vocabulary would train a tokenizer of this size and record the smaller number.
+BYTE_LEVEL_MINIMUM = 257
 
 
 class TextDataModule(L.LightningDataModule):
@@ -88,11 +93,9 @@ class TextDataModule(L.LightningDataModule):
         model_name_or_path: str | None = None,
     ) -> None:
         super().__init__()
-        if source not in SOURCES:
-            raise ValueError(f"unknown data source {source!r}; choose one of {SOURCES}")
-        for name, value in (("block_size", block_size), ("batch_size", batch_size), ("vocab_size", vocab_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_arguments(dict(source=source, tokenizer=tokenizer, vocab_size=vocab_size, block_size=block_size,
+                             batch_size=batch_size, num_workers=num_workers, max_train_blocks=max_train_blocks,
+                             max_val_blocks=max_val_blocks, model_name_or_path=model_name_or_path))
         if tokenizer == "model" and not model_name_or_path:
             raise ValueError("tokenizer='model' needs a loaded model (model_name_or_path is None)")
         if source == "hub" and not dataset:
@@ -292,6 +295,32 @@ class TextDataModule(L.LightningDataModule):
         if trainer is not None and trainer.training and isinstance(trainer.train_dataloader, ResumableLoader):
             trainer.train_dataloader.consumed += 1
         return batch
+
+
+def trains_corpus_bpe(tokenizer: str, model_name_or_path: str | None) -> bool:
+    """Whether the data trains its own byte-level BPE ("corpus-bpe", or "auto" with no loaded model)."""
+    return tokenizer == "corpus-bpe" or (tokenizer == "auto" and not model_name_or_path)
+
+
+def check_arguments(values: dict[str, Any], prefix: str = "") -> None:
+    """`TextDataModule`'s own rules for its numbers and choices (``values``: name -> value, any subset), each
+    broken one raised as `BadValue` naming ``prefix + name``; no file is read. `study fit` runs it on the parsed
+    config (``prefix="data."``) before anything is built, the module on its arguments."""
+    if "source" in values:
+        check_choice(prefix + "source", values["source"], tuple(SOURCES))
+    for name in ("block_size", "batch_size", "vocab_size"):
+        if name in values:
+            check_int(prefix + name, values[name], minimum=1)
+    if "num_workers" in values:
+        check_int(prefix + "num_workers", values["num_workers"], minimum=0)
+    for name in ("max_train_blocks", "max_val_blocks"):
+        if name in values:
+            check_int(prefix + name, values[name], minimum=1, none=True)
+    if "vocab_size" in values and trains_corpus_bpe(values.get("tokenizer", "corpus-bpe"), values.get("model_name_or_path")):
+        if values["vocab_size"] < BYTE_LEVEL_MINIMUM:
+            raise BadValue(prefix + "vocab_size", values["vocab_size"],
+                           f"must be >= {BYTE_LEVEL_MINIMUM} for the corpus byte-level BPE (256 bytes and the "
+                           "end-of-text token; a smaller one trains that many anyway)")
 
 
 __all__ = [

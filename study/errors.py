@@ -1,8 +1,11 @@
-"""How bad input is reported: `ConfigError` for a file or spec that cannot run, YAML read with `file:line:column`
-errors, and any exception as the one line a person needs (`one_line`). No imports from the rest of the package."""
+"""How bad input is reported: `ConfigError` for a file or spec that cannot run, `BadValue` for one value outside
+what its key allows (with `check_int`, `check_number`, `check_choice`, the checks every class runs on its own
+arguments), YAML read with `file:line:column` errors, and any exception as the one line a person needs
+(`one_line`). No imports from the rest of the package."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,69 @@ import yaml
 
 class ConfigError(ValueError):
     """A config file or specification that cannot run; raised before any run starts."""
+
+
+class BadValue(ConfigError):
+    """One value its key does not allow, named as ``key = value: must be ...``; raised before anything is built."""
+
+    def __init__(self, key: str, value: Any, rule: str) -> None:
+        self.key, self.value, self.rule = key, value, rule
+        super().__init__(f"{key} = {shown(value)}: {rule}")
+
+
+def shown(value: Any) -> str:
+    """A value as it would be written on the command line (a string quoted, so an empty one shows)."""
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _bounds(minimum: float | None, maximum: float | None, low_open: bool, high_open: bool) -> str:
+    if minimum is not None and maximum is not None:
+        return f"in {'(' if low_open else '['}{minimum:g}, {maximum:g}{')' if high_open else ']'}"
+    if minimum is not None:
+        return f"{'>' if low_open else '>='} {minimum:g}"
+    if maximum is not None:
+        return f"{'<' if high_open else '<='} {maximum:g}"
+    return ""
+
+
+def check_int(key: str, value: Any, minimum: int | None = None, maximum: int | None = None,
+              none: bool = False) -> int | None:
+    """``value`` if it is an integer within [minimum, maximum] (None too when ``none``), else `BadValue`."""
+    if value is None and none:
+        return None
+    rule = " ".join(filter(None, ["must be an integer", _bounds(minimum, maximum, False, False)]))
+    if none:
+        rule += " or null"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadValue(key, value, rule)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise BadValue(key, value, rule)
+    return value
+
+
+def check_number(key: str, value: Any, minimum: float | None = None, maximum: float | None = None,
+                 low_open: bool = False, high_open: bool = False, none: bool = False) -> float | None:
+    """``value`` if it is a finite number within its bounds (``low_open``/``high_open``: the bound itself excluded;
+    None too when ``none``), else `BadValue`."""
+    if value is None and none:
+        return None
+    rule = " ".join(filter(None, ["must be a finite number", _bounds(minimum, maximum, low_open, high_open)]))
+    if none:
+        rule += " or null"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadValue(key, value, rule)
+    below = minimum is not None and (value <= minimum if low_open else value < minimum)
+    above = maximum is not None and (value >= maximum if high_open else value > maximum)
+    if below or above:
+        raise BadValue(key, value, rule)
+    return float(value)
+
+
+def check_choice(key: str, value: Any, choices: tuple) -> Any:
+    """``value`` if it is one of ``choices``, else `BadValue` listing them."""
+    if value not in choices:
+        raise BadValue(key, value, f"choose one of {', '.join(map(shown, choices))}")
+    return value
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import json
 import logging
 import os
 import re
@@ -31,13 +32,15 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from typing_extensions import override
 
+from study import data as data_module
 from study import fit_help, memory, provenance, tags
+from study import model as model_module
 from study.atomic import create_folder_exclusively
 from study.callbacks.nonfinite import NonFiniteGuard
 from study.checkpoints import checkpoint_problem
 from study.console import silence_library_notices
-from study.data import TextDataModule
-from study.errors import ConfigError, load_yaml, one_line
+from study.data import TextDataModule, shakespeare_files
+from study.errors import BadValue, ConfigError, check_int, check_number, load_yaml, one_line
 from study.model import CausalLMModule
 
 _summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
@@ -225,6 +228,7 @@ class StudyCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build the model, the data and the trainer; a failure here is bad input (a value the classes refuse, a
         model or file that is not there), raised as `ConfigError` so that `study` exits 2, not 1 (a run that failed)."""
+        preflight(self.config.get(self.subcommand) if self.subcommand else self.config)  # before anything is built
         try:
             super().instantiate_classes()
         except Exception as err:  # noqa: BLE001 - every failure to build from the config is the config's
@@ -307,18 +311,13 @@ class _ParseOnly(StudyCLI):
         return None
 
     def instantiate_classes(self) -> None:
-        # The parser checks each value's type; the attention spec's own rules join values (the uniform
-        # normaliser refuses T != 1, top-k with a normaliser that cannot take it): checked here too, before any run.
-        from study.attention import AttentionSpec
-
-        config = self.config.get(self.subcommand) if self.subcommand else self.config
-        attention = (config or {}).get("model", {}).get("attention") if config is not None else None
-        if attention is not None and not isinstance(attention, AttentionSpec):
-            AttentionSpec(**dict(attention))
+        # The parser checks each value's type; `preflight` every value's range and the rules that join values.
+        preflight(self.config.get(self.subcommand) if self.subcommand else self.config)
 
 
 def check_fit_args(args: list[str]) -> str | None:
-    """None if `study fit <args>` parses (every key known, every value of its type), else the parser's message.
+    """None if `study fit <args>` parses (every key known, every value of its type) and passes `preflight`, else
+    the one line that names the key and the value.
 
     A sweep calls this for every run before the first one starts: a typo such as `trainer.max_stepz` in the
     overrides is refused up front instead of failing each run after it has started.
@@ -340,6 +339,216 @@ def check_fit_args(args: list[str]) -> str | None:
     finally:
         sys.argv = argv
     return None
+
+
+# ---- preflight: every value checked before anything is built -----------------------------------------------
+def _plain(section: Any) -> dict[str, Any]:
+    """A parsed config section (jsonargparse Namespace or dict) as a dict of its top-level keys."""
+    if section is None:
+        return {}
+    if hasattr(section, "as_dict"):
+        return section.as_dict()
+    return dict(section)
+
+
+@dataclasses.dataclass
+class ModelShape:
+    """What a run's model has, read from its arguments or its config.json (never its weights): None when unknown."""
+
+    n_layer: int | None
+    n_head: int | None
+    context: int | None
+
+
+def model_shape(model: dict[str, Any]) -> ModelShape:
+    """The layers, heads and context of the model a `model:` section trains: the size arguments of a GPT-2 from
+    scratch, else the config.json of a model folder (an embedded model's only once materialised); else unknown."""
+    name = model.get("model_name_or_path")
+    if not name:
+        return ModelShape(model.get("n_layer"), model.get("n_head"), model.get("n_positions"))
+    folder = _model_folder(str(name))
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder is not None else None
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        return ModelShape(None, None, None)
+
+    def first(*keys: str) -> int | None:
+        found = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
+        return found
+
+    return ModelShape(first("num_hidden_layers", "n_layer"), first("num_attention_heads", "n_head"),
+                      first("max_position_embeddings", "n_positions", "n_ctx"))
+
+
+def _model_folder(name: str) -> Path | None:
+    """The folder a model name is read from, without building anything (an embedded model not yet materialised,
+    a gguf or a hub name: None)."""
+    from study.pretrained import EMBEDDED_MODELS, cache_key, cache_root, embedded_gguf
+
+    if name in EMBEDDED_MODELS:
+        try:
+            source = embedded_gguf(name)
+        except (OSError, ValueError):
+            return None
+        folder = cache_root() / f"{source.stem}-{cache_key(source)}"
+        return folder if folder.is_dir() else None
+    path = Path(name).expanduser()
+    return path if path.is_dir() else None
+
+
+def _check_steps(key: str, value: Any) -> int:
+    """`trainer.max_steps`: -1 (no limit) or a positive number of steps."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == -1:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadValue(key, value, "must be -1 (no step limit) or an integer >= 1")
+    return value
+
+
+def _check_batches(key: str, value: Any) -> None:
+    """A Lightning batch count: an integer >= 1 (batches) or a fraction in (0, 1] (of the loader), or null."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    if isinstance(value, float) and 0 < value <= 1:
+        return
+    raise BadValue(key, value, "must be an integer >= 1 (batches) or a fraction in (0, 1] (0 would skip it)")
+
+
+def _check_trainer(trainer: dict[str, Any]) -> int | None:
+    """The trainer's values the study's runs depend on; returns the step limit (None: none)."""
+    max_steps = _check_steps("trainer.max_steps", trainer.get("max_steps", -1))
+    check_int("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), minimum=1, none=True)
+    check_int("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1), minimum=1)
+    check_number("trainer.gradient_clip_val", trainer.get("gradient_clip_val"), minimum=0, none=True)
+    for name in ("limit_train_batches", "limit_val_batches", "val_check_interval"):
+        _check_batches(f"trainer.{name}", trainer.get(name))
+    return max_steps if max_steps > 0 else None
+
+
+def _check_attention(model: dict[str, Any]) -> Any:
+    """The attention spec, built from the section (its own rules: normaliser, T > 0, top-k with the normaliser)."""
+    from study.attention import AttentionSpec
+
+    attention = model.get("attention")
+    if attention is None or isinstance(attention, AttentionSpec):
+        return attention
+    try:
+        return AttentionSpec(**_plain(attention))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"--model.attention: {one_line(err)}") from None
+
+
+def _check_layers_in(key: str, layers: Any, n_layer: int | None) -> None:
+    """Layer indices (negative from the end, "mid") within a model of ``n_layer`` layers."""
+    if layers is None or n_layer is None:
+        return
+    for entry in layers:
+        if isinstance(entry, int) and not isinstance(entry, bool) and not -n_layer <= entry < n_layer:
+            raise BadValue(key, list(layers), f"layer {entry} is not among the model's {n_layer} layers "
+                                              f"(0..{n_layer - 1}, or -{n_layer}..-1 from the end)")
+
+
+def _training_text_bytes(data: dict[str, Any]) -> int | None:
+    """Bytes of the training text of a local source (the embedded corpus, files); None for a hub dataset."""
+    try:
+        if data.get("source", "shakespeare") == "shakespeare":
+            files = shakespeare_files()["train"]
+        elif data.get("source") == "files":
+            files = list(data.get("train_files") or [])
+        else:
+            return None
+        return sum(Path(f).stat().st_size for f in files)
+    except OSError:
+        return None  # a missing file: the data module names it
+
+
+def _check_callbacks(callbacks: list, shape: ModelShape, data: dict[str, Any]) -> None:
+    """Each of the study's callbacks built from its arguments (its own rules, light: nothing is tapped or read),
+    then the rules that join its arguments to the run's (layers and heads within the model, k within the block,
+    Jacobian rows within what a step's attention call has). A period longer than the run is not refused: a monitor
+    measures at step 0 and at the last step whatever its period (`study.callbacks.base.due`), so a config's periods
+    stay meaningful under a shorter `--trainer.max_steps`."""
+    import importlib
+
+    block, batch = data.get("block_size"), data.get("batch_size")
+    for entry in callbacks or []:
+        entry = _plain(entry)
+        class_path = str(entry.get("class_path", ""))
+        if not class_path.startswith("study.callbacks"):
+            continue
+        module_name, _, class_name = class_path.rpartition(".")
+        args = _plain(entry.get("init_args"))
+        key = f"trainer.callbacks.{class_name}"
+        try:
+            callback = getattr(importlib.import_module(module_name), class_name)(**args)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{key}: {one_line(err)}") from None
+        ks = getattr(callback, "selection_ks", None)
+        if ks and isinstance(block, int) and max(ks) > block:
+            raise BadValue(f"{key}.selection_ks", list(ks), f"each k must be <= data.block_size = {block} (a row "
+                                                            "has no more keys)")
+        layers = getattr(callback, "layers", None)
+        _check_layers_in(f"{key}.layers", layers, shape.n_layer)
+        heads = getattr(callback, "heads", None)
+        if heads is not None and shape.n_head is not None and any(not 0 <= h < shape.n_head for h in heads):
+            raise BadValue(f"{key}.heads", list(heads), f"the model has heads 0..{shape.n_head - 1}")
+        rows = getattr(callback, "rows", None)
+        if isinstance(rows, int) and shape.n_head and isinstance(block, int) and isinstance(batch, int):
+            most = batch * shape.n_head * block
+            if rows > most:
+                raise BadValue(f"{key}.rows", rows, f"must be <= the {most} attention rows of one call (data.batch_size "
+                                                    f"{batch} x {shape.n_head} heads x data.block_size {block})")
+
+
+def preflight(config: Any) -> None:
+    """Every value of a `study fit` config checked before anything is built, each broken rule raised as one line
+    that names the key and the value (`study.errors.BadValue`).
+
+    Each class's own rules come from the class (`study.model.check_arguments`, `study.data.check_arguments`, the
+    attention spec, each study callback built from its arguments); the rules that join values of several sections
+    are here: warm-up, validation interval and monitor periods within the steps, top-k and selection k within the
+    block, layers and heads within the model (from its arguments or config.json, never its weights), the block
+    within the model's context, a batch the training text can fill. `study fit` runs it before building; `study
+    sweep` runs it (through `check_fit_args`) for every run of its plan before the first one starts.
+    """
+    config = config or {}
+    get = config.get if hasattr(config, "get") else (lambda key, default=None: getattr(config, key, default))
+    model, data, trainer = _plain(get("model")), _plain(get("data")), _plain(get("trainer"))
+    attention = _check_attention(model)
+    data_module.check_arguments(data, prefix="data.")  # first: the model's block_size is linked from the data's
+    model_module.check_arguments({k: v for k, v in model.items() if k != "attention"}, prefix="model.")
+    max_steps = _check_trainer(trainer)
+    warmup = model.get("warmup_steps")
+    if max_steps is not None and isinstance(warmup, int) and warmup > max_steps:
+        # the schedule warms up over min(warmup_steps, steps): a longer warm-up would train another schedule than
+        # the one the run is labelled with
+        raise BadValue("model.warmup_steps", warmup, f"must be <= trainer.max_steps = {max_steps} (the run would "
+                                                    f"warm up over {max_steps} steps, not {warmup})")
+    interval = trainer.get("val_check_interval")
+    if max_steps is not None and isinstance(interval, int) and not isinstance(interval, bool) and interval > max_steps:
+        raise BadValue("trainer.val_check_interval", interval, f"must be <= trainer.max_steps = {max_steps}: the run "
+                                                              "would never validate after training (its result "
+                                                              "would be the step-0 baseline)")
+    block = data.get("block_size")
+    top_k = getattr(attention, "top_k", None)
+    if isinstance(top_k, int) and isinstance(block, int) and top_k >= block:
+        raise BadValue("model.attention.top_k", top_k, f"must be < data.block_size = {block}: it would select every "
+                                                       "key, the same run as top_k null (all)")
+    shape = model_shape(model)
+    _check_layers_in("model.attention.layers", getattr(attention, "layers", None), shape.n_layer)
+    if shape.context is not None and isinstance(block, int) and block > shape.context:
+        raise BadValue("data.block_size", block, f"must be <= the model's context of {shape.context} positions")
+    text = _training_text_bytes(data)
+    if text is not None and isinstance(block, int) and isinstance(data.get("batch_size"), int):
+        most = text // block  # every token is at least one byte: the text gives at most this many blocks
+        cap = data.get("max_train_blocks")
+        most = min(most, cap) if isinstance(cap, int) else most
+        if data["batch_size"] > most:
+            raise BadValue("data.batch_size", data["batch_size"], f"must be <= the at most {most} training blocks "
+                                                                  f"of {block} tokens the training text gives")
+    _check_callbacks(trainer.get("callbacks"), shape, data)
 
 
 def _parser_kwargs() -> dict:
@@ -461,12 +670,24 @@ def closest_option(message: str) -> str | None:
     return f"{prefix}.{close[0]}" if close else None
 
 
+# `--ckpt_path` words Lightning resolves itself (`ckpt_path="last"` and friends), not file names
+CKPT_PATH_KEYWORDS = ("last", "best", "hpc", "registry")
+
+
 def _check_ckpt_path(argv: list[str]) -> None:
-    """A `--ckpt_path` file that does not load is named, with what to do, before anything is built."""
+    """A `--ckpt_path` that is not a checkpoint file that loads is named, with what to do, before anything is built:
+    no such file, a folder, a damaged file, one that holds anything but data."""
     paths = [a.split("=", 1)[1] for a in argv if a.startswith("--ckpt_path=")]
     paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
     for path in paths:
-        if Path(path).is_file() and (problem := checkpoint_problem(path)):
+        if path in CKPT_PATH_KEYWORDS or path.startswith(CKPT_PATH_KEYWORDS[-1] + ":") or "://" in path:
+            continue
+        if Path(path).is_dir():
+            raise ConfigError(f"--ckpt_path {path} is a folder, not a checkpoint file (a run keeps its checkpoints "
+                              "in <run>/checkpoints/*.ckpt)")
+        if not Path(path).exists():
+            raise ConfigError(f"--ckpt_path {path}: no such file")
+        if problem := checkpoint_problem(path):
             raise ConfigError(damaged_checkpoint_message(path, problem))
 
 

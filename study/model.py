@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from study import tags
 from study.attention import AttentionSpec, apply_attention_spec, attention_modules
+from study.errors import BadValue, check_choice, check_int, check_number
 from study.hparams import HPARAMS_METRICS, write_session
 from study.pretrained import declare_causal_lm_loss, load_causal_lm
 
@@ -121,15 +122,13 @@ class CausalLMModule(L.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        if trainable not in TRAINABLE:
-            raise ValueError(f"trainable={trainable!r}; choose one of {TRAINABLE}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={optimizer!r}; choose one of {OPTIMIZERS}")
-        if temperature_in not in TEMPERATURE_IN:
-            raise ValueError(f"temperature_in={temperature_in!r}; choose one of {TEMPERATURE_IN}")
-        for name, value in (("adam_epsilon", adam_epsilon), ("z_loss", z_loss)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name}={value!r}; must be a finite number >= 0")
+        check_arguments(dict(
+            model_name_or_path=model_name_or_path, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+            n_positions=n_positions, vocab_size=vocab_size, block_size=block_size, dropout=dropout,
+            trainable=trainable, optimizer=optimizer, learning_rate=learning_rate, weight_decay=weight_decay,
+            betas=betas, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, adam_epsilon=adam_epsilon,
+            z_loss=z_loss, temperature_in=temperature_in,
+        ))
         attention = attention or AttentionSpec()
         if temperature_in == "init":
             if model_name_or_path:
@@ -279,6 +278,60 @@ class CausalLMModule(L.LightningModule):
         if os.environ.get("PL_GLOBAL_SEED"):  # set by `seed_everything` (the CLI's `seed_everything` option)
             summary["seed"] = int(os.environ["PL_GLOBAL_SEED"])
         return summary
+
+
+def check_arguments(values: dict[str, Any], prefix: str = "") -> None:
+    """`CausalLMModule`'s own rules for its arguments (``values``: name -> value, any subset), each broken one raised
+    as `BadValue` naming ``prefix + name`` and the value; nothing is loaded or built. `study fit` runs it on the
+    parsed config (``prefix="model."``) before anything is built, the module on its arguments."""
+    def key(name: str) -> str:
+        return prefix + name
+
+    ints = {"n_layer": 1, "n_head": 1, "n_embd": 1, "n_positions": 1, "vocab_size": 1, "warmup_steps": 0}
+    for name, minimum in ints.items():
+        if name in values:
+            check_int(key(name), values[name], minimum=minimum)
+    if "block_size" in values:
+        check_int(key("block_size"), values["block_size"], minimum=1, none=True)
+    if "dropout" in values:
+        check_number(key("dropout"), values["dropout"], 0, 1, high_open=True)
+    for name in ("learning_rate", "weight_decay", "adam_epsilon", "z_loss"):
+        if name in values:
+            check_number(key(name), values[name], minimum=0)
+    if "min_lr_ratio" in values:
+        check_number(key("min_lr_ratio"), values["min_lr_ratio"], 0, 1)
+    if "betas" in values:
+        betas = values["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise BadValue(key("betas"), betas, "must be two numbers in [0, 1)")
+        for i, beta in enumerate(betas):
+            check_number(f"{key('betas')}[{i}]", beta, 0, 1, high_open=True)
+    for name, choices in (("trainable", TRAINABLE), ("optimizer", OPTIMIZERS), ("temperature_in", TEMPERATURE_IN)):
+        if name in values:
+            check_choice(key(name), values[name], choices)
+    if not values.get("model_name_or_path") and {"n_embd", "n_head"} <= set(values):
+        if values["n_embd"] % values["n_head"]:
+            raise BadValue(key("n_head"), values["n_head"],
+                           f"must divide {key('n_embd')} = {values['n_embd']} (each head gets n_embd / n_head)")
+    if values.get("model_name_or_path"):
+        model_path_problem(key("model_name_or_path"), str(values["model_name_or_path"]))
+
+
+def model_path_problem(key: str, name: str) -> None:
+    """A model path that names a file: only a .gguf file is a model; any other file is refused by name (a pickle
+    says so: the study never unpickles a model file)."""
+    from pathlib import Path
+
+    from study.checkpoints import is_pickle
+
+    path = Path(name).expanduser()
+    if not path.is_file() or name.endswith(".gguf"):
+        return
+    if is_pickle(path):
+        raise BadValue(key, name, "a pickle file (torch.save), refused: pickles are never loaded, they can run "
+                                  "code; give a Hugging Face model folder (save_pretrained), a .gguf or a hub name")
+    raise BadValue(key, name, "a file, not a model: give a Hugging Face model folder, a .gguf file, a hub name or an "
+                              "embedded name")
 
 
 def train_attention_only(model: torch.nn.Module) -> None:

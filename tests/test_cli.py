@@ -24,6 +24,7 @@ def fit_args(text_files, tmp_path, *extra):
         "--model.n_layer=2",
         "--model.n_embd=32",
         "--trainer.max_steps=2",
+        "--model.warmup_steps=1",  # the config's 30 is longer than these runs
         "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=2",
         "--trainer.enable_progress_bar=false",
@@ -60,7 +61,7 @@ def test_a_second_run_gets_a_new_version_and_nothing_is_overwritten(text_files, 
         ("--model.attention.temperature=0", "temperature"),
         ("--model.attention.top_k=0", "top_k"),
         ("--model.attention.normalizer=softermax", "softermax"),
-        ("--data.block_size=512", "block_size=512"),
+        ("--data.block_size=512", "data.block_size = 512"),
     ],
 )
 def test_bad_values_fail_before_training(text_files, tmp_path, override, match, capsys):

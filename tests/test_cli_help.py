@@ -104,7 +104,7 @@ def test_abbreviated_options_are_refused():
 
     message = check_fit_args(["--config", "configs/default.yaml", "--trainer.max_step=3"])
     assert message is not None and "did you mean --trainer.max_steps" in message
-    assert check_fit_args(["--config", "configs/default.yaml", "--trainer.max_steps=3"]) is None
+    assert check_fit_args(["--config", "configs/default.yaml", "--trainer.max_steps=300"]) is None
 
 
 @pytest.mark.slow

@@ -69,9 +69,9 @@ def test_init_scale_control_refuses_what_it_cannot_mean():
         CausalLMModule(AttentionSpec(qk_norm=True, temperature=0.1), temperature_in="init", **SIZE)
     with pytest.raises(ValueError, match="'gpt2' is loaded, not initialised"):
         CausalLMModule(model_name_or_path="gpt2", temperature_in="init", **SIZE)
-    with pytest.raises(ValueError, match="temperature_in='weights'; choose one of"):
+    with pytest.raises(ValueError, match="temperature_in = 'weights': choose one of"):
         CausalLMModule(temperature_in="weights", **SIZE)
-    with pytest.raises(ValueError, match="z_loss=-1; must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="z_loss = -1: must be a finite number >= 0"):
         CausalLMModule(z_loss=-1, **SIZE)
 
 

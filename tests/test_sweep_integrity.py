@@ -20,7 +20,7 @@ from tests.test_sweep import status, write_spec
         # a real run up to its data module's error: 5-7 s on the 2-core machine, so in `make test-all`
         pytest.param({"data.max_train_blocks": 3}, "ValueError: the training data gives no batch: 3 block(s)",
                      marks=pytest.mark.slow),
-        ({"trainer.limit_train_batches": 0}, "trained no step (max_steps=6, limit_train_batches=0)"),
+        ({"trainer.max_epochs": 0}, "trained no step (max_steps=6, limit_train_batches=1.0)"),
     ],
 )
 def test_a_run_that_trains_no_step_is_failed_not_finished(tmp_path, overrides, reason):
@@ -281,8 +281,8 @@ def test_a_damaged_status_does_not_let_a_run_resume_under_other_settings(tmp_pat
         ({"temperature": [1.0]}, {}, {"checkpoint": {"every_n_train_steps": -5}}, [],
          "got -5"),
         ({"temperature": [1.0]}, {}, {"save_dir": ["a", "b"]}, [], "`save_dir` must be one folder path, got ['a', 'b']"),
-        ({"temperature": [1.0]}, {}, {}, ["--threads", "0"], "--threads must be >= 1, got 0"),
-        ({"temperature": [1.0]}, {}, {}, ["--threads", "-1"], "--threads must be >= 1, got -1"),
+        ({"temperature": [1.0]}, {}, {}, ["--threads", "0"], "--threads = 0: must be an integer in [1, "),
+        ({"temperature": [1.0]}, {}, {}, ["--threads", "-1"], "--threads = -1: must be an integer in [1, "),
         ({"temperature": [1.0]}, {}, {}, ["--run-index", "-1"], "--run-index '-1' is not in 0..0"),
     ],
 )

@@ -12,6 +12,7 @@ from study.atomic import write_text_atomically
 from study.bench.markdown import to_markdown, write
 from study.bench.shapes import GPU_SUITE, H100_BF16_PEAK_FLOPS, SHAPES, Settings
 from study.bench.suite import run_benchmark
+from study.errors import BadValue, check_int, check_number
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -162,6 +163,35 @@ def run_fused_stats(args: argparse.Namespace) -> int:
     return _write_outputs(args.out, "fused", result, fused_markdown(result))
 
 
+def _int_list(key: str, text: str, minimum: int) -> tuple[int, ...]:
+    """A comma-separated list of integers, each >= ``minimum``; else `BadValue` naming the option and the entry."""
+    values = []
+    for entry in str(text).split(","):
+        try:
+            value = int(entry)
+        except ValueError:
+            raise BadValue(key, text, "must be comma-separated integers") from None
+        values.append(check_int(key, value, minimum=minimum))
+    return tuple(values)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every number and name of the bench's options, before anything is built or timed: one line naming the
+    option and the value (`study.errors.BadValue`)."""
+    for key, value, minimum in (("--rounds", args.rounds, 1), ("--chunk", args.chunk, 1), ("--warmup", args.warmup, 0),
+                                ("--dense-max-length", args.dense_max_length, 1), ("--run-index", args.run_index, 0)):
+        if value is not None:  # None: the default
+            check_int(key, value, minimum=minimum)
+    _int_list("--top-k", args.top_k, 1)
+    if args.analysis_length is not None:
+        _int_list("--analysis-length", args.analysis_length, 1)
+    check_number("--peak-flops", args.peak_flops, minimum=0, low_open=True)
+    check_number("--budget-gb", args.budget_gb, minimum=0, low_open=True)
+    for name in (args.models or "").split(",") if args.models is not None else []:
+        if name not in SHAPES:
+            raise BadValue("--models", args.models, f"{name!r} is not a model shape; choose from {', '.join(sorted(SHAPES))}")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     default = ",".join(GPU_SUITE) if args.gpu_suite else ("small" if args.quick else "small,gpt2-vocab")
     names = (args.models or default).split(",")
@@ -173,9 +203,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     lengths = args.analysis_length or ("256" if args.quick else "512")
     return Settings(
         shapes=[SHAPES[n] for n in names],
-        rounds=args.rounds or (2 if args.quick else 8),
-        chunk=args.chunk or (1 if args.quick else 4),
-        warmup=args.warmup or (1 if args.quick else 4),
+        rounds=args.rounds if args.rounds is not None else (2 if args.quick else 8),
+        chunk=args.chunk if args.chunk is not None else (1 if args.quick else 4),
+        warmup=args.warmup if args.warmup is not None else (1 if args.quick else 4),
         top_ks=tuple(int(k) for k in args.top_k.split(",")),
         analysis_lengths=tuple(int(n) for n in lengths.split(",")),
         analysis_repeats=2 if args.quick else 3,
@@ -199,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     silence_library_notices()
+    check_args(args)
     if args.main_job:  # the sweep's own commands: `study.sweep` builds them (a layer the bench does not import)
         import subprocess
 

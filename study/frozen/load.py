@@ -41,6 +41,11 @@ def model_kind(name: str) -> str:
             raise ConfigError(f"--model {name!r} is not a Hugging Face model folder (no config.json)")
         return "dir"
     if path.exists():
+        from study.checkpoints import is_pickle
+
+        if is_pickle(path):
+            raise ConfigError(f"--model {name!r} is a pickle file: refused, pickles are never loaded (they can run "
+                              "code); give a Hugging Face model folder, a .gguf or a study fit .ckpt")
         raise ConfigError(f"--model {name!r} is a file but neither a .ckpt checkpoint nor a .gguf file")
     if not name or name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(("/", ".bin", ".safetensors")):
         raise ConfigError(f"--model {name!r}: no such folder (neither a local path nor a hub name)")
@@ -146,8 +151,13 @@ def load_frozen(name: str, tokenizer: str | None = None, dtype: torch.dtype | No
     kwargs = {} if dtype is None else {"dtype": dtype}
     if kind == "ckpt":
         from study.attention import AttentionSpec
+        from study.checkpoints import checkpoint_problem
         from study.model import CausalLMModule
 
+        # Checked first, by data-only reading: torch's own refusal would suggest `weights_only=False`.
+        if (problem := checkpoint_problem(name)) and "AttentionSpec" not in problem:
+            raise ConfigError(f"--model {name} is not a checkpoint to load ({problem}); it is never unpickled "
+                              "beyond data")
         # Weights-only unpickling (the safe default) with the one project class the hyperparameters hold.
         try:
             with torch.serialization.safe_globals([AttentionSpec]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -14,8 +15,8 @@ from study.atomic import write_text_atomically
 from study.hparams import HPARAMS_METRICS, write_experiment
 from study.progress import format_seconds
 from study.sweep import spec_identity
-from study.sweep.config import Plan, SweepConfigError, build_plan
-from study.sweep.frozen_steps import frozen_steps, run_step_here
+from study.sweep.config import Plan, Run, SweepConfigError, build_plan
+from study.sweep.frozen_steps import frozen_steps, refused_frozen_args, run_step_here
 from study.sweep.identity import changed_dependencies
 from study.sweep.lock import busy
 from study.sweep.pool import (
@@ -37,6 +38,7 @@ from study.sweep.run import (
     done,
     is_rank_zero,
     links_out_of,
+    never_stepped,
     pretrain_done,
     pretrained_model,
     pretrained_problem,
@@ -101,30 +103,48 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_stale(plan: Plan) -> None:
+def _check_stale(plan: Plan) -> list[Run]:
     """Refuse a plan whose runs on disk were made with other settings, or with other content of what they read
-    (base config, data, model): resuming or pooling them would mix two settings under one name."""
+    (base config, data, model): resuming or pooling them would mix two settings under one name. A run folder whose
+    run failed before its first step holds no result to mix: it is returned, to be replaced (`_replace_unstarted`)."""
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
     # the sweep's own pretrained model: compared once it exists (a run recorded before runs recorded it is not)
     own_model = f"model {plan.pretrain.dir / 'hf'}" if plan.pretrain else None
+    replaced = []
     for run in runs:
         status = recorded_settings(run.dir)  # status.json, else settings.json when status.json is damaged
-        if status and status.get("fingerprint") not in (None, run.fingerprint):
-            raise SweepConfigError(
-                f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
-                "delete it or give the sweep another name"
-            )
         recorded = (status or {}).get("depends")
         now = run.depends
         if isinstance(recorded, dict) and (own_model not in recorded or own_model not in now):
             recorded, now = ({k: v for k, v in d.items() if k != own_model} for d in (recorded, now))
         changes = changed_dependencies(recorded, now) if isinstance(recorded, dict) else []
+        other = bool(status) and status.get("fingerprint") not in (None, run.fingerprint)
+        if (other or changes) and never_stepped(run.dir):
+            replaced.append(run)
+            continue
+        if other:
+            raise SweepConfigError(
+                f"{run.dir} was made with other settings (fingerprint {status.get('fingerprint')} != {run.fingerprint}); "
+                "delete it or give the sweep another name"
+            )
         if changes:
             raise SweepConfigError(
                 f"run {run.name} was trained with other inputs than this sweep would use now: {'; '.join(changes)}. "
                 f"Restore them, or delete {run.dir} (and any other such run) to redo it, or give the sweep another "
                 "name; runs made with different inputs are never pooled"
             )
+    return replaced
+
+
+def _replace_unstarted(runs: list[Run]) -> None:
+    """Remove the folders of runs that failed before their first step under other settings (a bad value fixed
+    since), each said in one line; a folder another process holds is left to it."""
+    for run in runs:
+        if busy(run.dir) is not None or not never_stepped(run.dir):
+            continue
+        shutil.rmtree(run.dir)
+        print(f"study sweep: {run.dir} failed before its first step under other settings: replaced by this "
+              "sweep's run", file=sys.stderr, flush=True)
 
 
 def _check_pretrained(plan: Plan) -> str | None:
@@ -138,14 +158,16 @@ def _check_pretrained(plan: Plan) -> str | None:
     for run in plan.runs:
         run.depends = {**run.depends, f"model {hf}": digest}
     try:
-        _check_stale(plan)
+        _replace_unstarted(_check_stale(plan))
     except SweepConfigError as err:
         return str(err)
     return None
 
 
 def _refused_args(plan: Plan, run_index: str | None) -> str | None:
-    """Parse the `study fit` arguments of every run still to do (or of the one run asked for), before any starts."""
+    """Parse and check (`study.fit.preflight`) the `study fit` arguments of every run of the plan still to train (or
+    of the one run asked for), before any starts; a finished run trains nothing, and its settings are its
+    fingerprint's (`_check_stale`)."""
     from study.fit import check_fit_args
 
     runs = ([plan.pretrain] if plan.pretrain else []) + plan.runs
@@ -245,21 +267,15 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
         print(f"study sweep: {damaged}", file=sys.stderr)
         return 2
     try:
-        _check_stale(plan)
+        plan.replace = _check_stale(plan)
     except SweepConfigError as err:
         print(f"study sweep: bad sweep spec {args.config}: {err}", file=sys.stderr)
         return 2
     for note in plan.notes:
         if is_rank_zero():
             print(f"study sweep: {note}", file=sys.stderr, flush=True)
-    if args.threads is not None and args.threads < 1:
-        print(f"study sweep: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-        return 2
-    if args.parallel < 1 or args.devices_per_run < 1:
-        print("study sweep: --parallel and --devices-per-run must be >= 1", file=sys.stderr)
-        return 2
-    if args.workers < 1:
-        print(f"study sweep: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+    if refused := _refused_options(args):
+        print(f"study sweep: {refused}", file=sys.stderr)
         return 2
     if args.workers > 1 and (args.parallel > 1 or args.run_index is not None or needs_subprocess(plan)):
         print("study sweep: --workers trains runs in its worker processes; it does not combine with --parallel, "
@@ -272,11 +288,35 @@ def _checked_plan(args, rest: list[str]) -> Plan | int:
     if args.run_index is not None and (refused := run_index_refused(plan, args.run_index)):
         print(f"study sweep: {refused}", file=sys.stderr)
         return 2
-    refused = _refused_args(plan, args.run_index)
+    refused = _refused_args(plan, args.run_index) or refused_frozen_args(plan)
     if refused:
         print(f"study sweep: {refused}; nothing was run", file=sys.stderr)
         return 2
     return plan
+
+
+def _refused_options(args) -> str | None:
+    """The one line naming a process option out of what this machine can run (None: all fit): runs and workers at
+    once within its cores (or GPUs, for runs pinned to them), torch threads within its cores."""
+    from study.errors import BadValue, check_int
+
+    cores = os.cpu_count() or 1
+    slots = max(cores, _gpus())
+    try:
+        if args.threads is not None:  # None: the spec's `threads`
+            check_int("--threads", args.threads, 1, cores)
+        check_int("--parallel", args.parallel, 1, slots)
+        check_int("--workers", args.workers, 1, cores)
+        check_int("--devices-per-run", args.devices_per_run, 1)
+    except BadValue as err:
+        return f"{err} (this machine has {cores} cores" + (f" and {slots} GPUs)" if slots > cores else ")")
+    return None
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,6 +348,8 @@ def _claimed(plan: Plan, args, rest: list[str]) -> int:
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for run subprocesses
+    if not args.dry_run:
+        _replace_unstarted(plan.replace)
     if args.run_index is not None:
         return run_one(plan, args.run_index)
 

@@ -135,6 +135,7 @@ class Plan:
     # the spec's identity (`study.sweep.spec_identity`): what the runs share, and the spec file's bytes
     shared_hash: str = ""
     spec_digest: str = ""
+    replace: list[Run] = field(default_factory=list)  # run folders on disk that failed before step 1 under other settings
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -32,6 +32,35 @@ from study.sweep.run import run_console
 MODEL_DIGEST = "model_digest.json"  # beside a step's result: the content digest of the model it read
 
 
+def refused_frozen_args(plan: Plan) -> str | None:
+    """Why the spec's `probe:` or `analyze:` section cannot run, checked by the command's own checks of its
+    numbers (and, for the analysis, of its lengths against N) before any run trains; None when both can run.
+    The checks that need the model (its context, its layers) wait for it: the sweep's own pretrained model does
+    not exist before pretraining."""
+    import argparse
+
+    from study.errors import ConfigError
+    from study.frozen.analysis import command as analysis
+    from study.frozen.probe import command as probe
+
+    for section, argv, parser, checks in (
+        ("probe", plan.probe, probe.build_parser, (probe.check_numbers,)),
+        ("analyze", plan.analyze, analysis.build_parser,
+         (analysis.check_numbers, lambda args: analysis.resolve_lengths(args, None))),
+    ):
+        if argv is None:
+            continue
+        p = parser()
+        p.exit_on_error = False
+        try:
+            args = p.parse_args(argv)
+            for check in checks:
+                check(args)
+        except (argparse.ArgumentError, ConfigError, ValueError) as err:
+            return f"`{section}:` {err}"
+    return None
+
+
 @dataclass(frozen=True)
 class FrozenStep:
     """One command on the frozen model, run by a sweep."""

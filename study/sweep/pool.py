@@ -76,6 +76,17 @@ def launch_subprocess(cmd: list[str], run: Run, env_extra: dict[str, str] | None
     return proc
 
 
+def process_end(code: int) -> str:
+    """How a subprocess ended, in words: "exited with code 1", or "killed by SIGKILL" for a signal (Popen's
+    negative return code)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def finish_subprocess(proc: subprocess.Popen, run: Run, reason: str | None = None) -> dict[str, Any]:
     proc.log.close()  # type: ignore[attr-defined]
     status = read_status(run.dir) or {"name": run.name, "index": run.index, "params": run.params}
@@ -87,9 +98,10 @@ def finish_subprocess(proc: subprocess.Popen, run: Run, reason: str | None = Non
             tail = (run.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-5:]
         except OSError:
             tail = []
+        killed = proc.returncode < 0  # its last log line is where the signal found it, not why it ended
         status.update(
             state="failed",
-            reason=f"run process exited with code {proc.returncode}" + (f": {tail[-1]}" if tail else ""),
+            reason=f"run process {process_end(proc.returncode)}" + (f": {tail[-1]}" if tail and not killed else ""),
             ended=utc_now(),
         )
         write_status(run.dir, status)
@@ -372,8 +384,8 @@ def run_workers(
     stopped = [i for i, proc in enumerate(jobs) if proc.returncode not in WORKER_EXITS]
     if stopped:  # anything but its own codes: the worker itself crashed or was killed
         logs = ", ".join(str(folder / f"worker-{i}.log") for i in stopped)
-        print(f"study sweep: worker(s) {stopped} exited with codes {[jobs[i].returncode for i in stopped]} "
-              f"(see {logs}); {len(pending)} run(s) left untrained", flush=True)
+        ends = "; ".join(f"worker {i} {process_end(jobs[i].returncode)}" for i in stopped)
+        print(f"study sweep: {ends} (see {logs}); {len(pending)} run(s) left untrained", flush=True)
 
 
 WORKER_DONE, WORKER_RUN_FAILED, WORKER_SOURCE_CHANGED = 0, 3, 4

@@ -106,6 +106,18 @@ def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def never_stepped(run_dir: Path) -> bool:
+    """Whether the run folder holds no training: its run failed (status failed, at step 0 or none recorded), left no
+    checkpoint and logged no training loss."""
+    status = read_status(run_dir)
+    if not status or status.get("state") != "failed" or status.get("global_step") not in (None, 0):
+        return False
+    if any((Path(run_dir) / "checkpoints").glob("*.ckpt*")):
+        return False
+    logged = read_scalars(Path(run_dir)) if any(Path(run_dir).glob("events.out.tfevents.*")) else {}
+    return not any(logged.get(tag) for tag in (tags.TRAIN_LOSS, tags.pretrain(tags.TRAIN_LOSS)))
+
+
 def done(run: Run) -> bool:
     return (read_status(run.dir) or {}).get("state") in FINAL_STATES
 

@@ -224,11 +224,13 @@ def _linked(section: str) -> tuple[str, ...]:
 
 class StudyCLI(LightningCLI):
     provenance: dict[str, Any] | None = None  # the run's record (`run_provenance`), once the trainer is built
+    checked = True  # `preflight` before anything is built (`_TimingCLI` leaves it to the run it times)
 
     def instantiate_classes(self) -> None:
         """Build the model, the data and the trainer; a failure here is bad input (a value the classes refuse, a
         model or file that is not there), raised as `ConfigError` so that `study` exits 2, not 1 (a run that failed)."""
-        preflight(self.config.get(self.subcommand) if self.subcommand else self.config)  # before anything is built
+        if self.checked:
+            preflight(self.config.get(self.subcommand) if self.subcommand else self.config)  # before anything is built
         try:
             super().instantiate_classes()
         except Exception as err:  # noqa: BLE001 - every failure to build from the config is the config's
@@ -285,8 +287,17 @@ def step_memory_refused(module: CausalLMModule, data: TextDataModule, trainer_co
     return memory.refusal(memory.step_lower_bound(step_shape(module, data, precision)), limit)
 
 
-def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs) -> StudyCLI:
-    """Build (and by default run) the LightningCLI; ``args`` replaces the command line when given.
+class _TimingCLI(StudyCLI):
+    """A run's command line with a few steps' timing settings on top (the sweep's estimate: no validation, fewer
+    steps than its warm-up): the run's own arguments passed `preflight` when the sweep checked its plan; these
+    settings time its steps and train nothing anyone reads, so they are not refused as a run's would be."""
+
+    checked = False
+
+
+def lightning_main(args: list[str] | None = None, run: bool = True, timing: bool = False, **cli_kwargs) -> StudyCLI:
+    """Build (and by default run) the LightningCLI; ``args`` replaces the command line when given. ``timing``: the
+    sweep's step timing (`_TimingCLI`), whose settings no run trains with.
 
     ``args`` become the process's own command line (``sys.argv[1:]``) while the CLI is built and run, and
     LightningCLI parses ``sys.argv``. Lightning's DDP launcher starts the other ranks by re-executing
@@ -299,7 +310,8 @@ def lightning_main(args: list[str] | None = None, run: bool = True, **cli_kwargs
     if args is not None:
         sys.argv = [argv[0], *args]
     try:
-        return StudyCLI(CausalLMModule, TextDataModule, args=None, run=run, **kwargs)
+        cli_class = _TimingCLI if timing else StudyCLI
+        return cli_class(CausalLMModule, TextDataModule, args=None, run=run, **kwargs)
     finally:
         sys.argv = argv
 

@@ -103,7 +103,7 @@ def test_a_run_that_cannot_fit_is_refused_before_its_trainer_is_built(text_files
     monkeypatch.setattr(memory, "host_limit", lambda: (64 * 2**20, "MemAvailable"))
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr(LightningCLI, "instantiate_trainer", lambda *a, **k: pytest.fail("the trainer was built"))
-    argv = fit_args(text_files, tmp_path, "--data.block_size=2048", "--model.n_positions=2048", "--data.batch_size=16")
+    argv = fit_args(text_files, tmp_path, "--data.block_size=2048", "--model.n_positions=2048", "--data.batch_size=8")
     assert main(argv) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("study ")]
     assert len(lines) == 1 and lines[0].startswith("study fit: a training step needs at least ")

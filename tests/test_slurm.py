@@ -127,6 +127,7 @@ def test_slurm_sweep_script_end_to_end_on_cpu(slurm, tmp_path):
             "overrides": {
                 "trainer.max_steps": 2,
                 "trainer.val_check_interval": 2,
+                "model.warmup_steps": 1,  # within the 2 steps (a longer warm-up is refused up front)
                 "model.n_layer": 1,
                 "model.n_head": 2,
                 "model.n_embd": 32,

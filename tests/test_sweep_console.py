@@ -23,7 +23,7 @@ def test_console_is_a_header_one_line_per_run_and_a_closing_line(tmp_path):
         tmp_path,
         {"temperature": [0.1, 1.0]},
         {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
-        pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}},
+        pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2, "model.warmup_steps": 1}},
         probe={"temperatures": [0.1, 1.0], "windows": 2, "seq_len": 16, "jacobian_rows": 8, "hessian_iterations": 2,
                "single_layers": [0]},
         analyze={"windows": 3, "max_length": 16, "temperatures": [0.01, 0.03, 0.05, 1.0], "epsilons": [0.001],
@@ -61,7 +61,8 @@ def test_pretraining_curves_are_drawn_apart_from_the_fine_tuning_runs(tmp_path):
     own charts, so the fine-tuning runs (steps from 0) are not squashed against its longer step axis."""
     spec = write_spec(
         tmp_path, {"seed": [0]}, {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
-        pretrain={"overrides": {"trainer.max_steps": 4, "trainer.val_check_interval": 4, "trainer.log_every_n_steps": 1}},
+        pretrain={"overrides": {"trainer.max_steps": 4, "trainer.val_check_interval": 4, "trainer.log_every_n_steps": 1,
+                               "model.warmup_steps": 1}},
     )
     assert main(["--config", str(spec), "--no-estimate"]) == 0
     sweep = tmp_path / "logs" / "tiny"

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 PRETRAIN = {
     "trainer.max_steps": STEPS,
+    "model.warmup_steps": 1,  # within the steps (a longer warm-up is refused up front)
     "trainer.val_check_interval": STEPS,
     "trainer.check_val_every_n_epoch": None,
     "trainer.limit_val_batches": 1,

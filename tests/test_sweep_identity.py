@@ -76,7 +76,8 @@ def test_the_content_digest_follows_names_and_bytes_not_times(tmp_path):
 def _pretrain_spec(tmp_path, seeds, steps=2):
     return write_spec(tmp_path, {"temperature": [1.0], "seed": seeds}, {"trainer.max_steps": 2,
                       "trainer.val_check_interval": 2},
-                      pretrain={"overrides": {"trainer.max_steps": steps, "trainer.val_check_interval": steps}})
+                      pretrain={"overrides": {"trainer.max_steps": steps, "trainer.val_check_interval": steps,
+                                                "model.warmup_steps": 1}})
 
 
 @pytest.mark.slow  # builds two plans with a pretraining run: 5-20 s on the 2-core machine

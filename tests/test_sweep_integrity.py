@@ -14,14 +14,19 @@ from study.sweep import run as sweep_run
 from tests.test_sweep import status, write_spec
 
 
+@pytest.mark.slow
+def test_training_data_that_gives_no_batch_is_refused_before_any_run(tmp_path, capsys):
+    """3 blocks for a batch of 4: refused when the plan is checked (`study.fit.preflight`), before any run folder."""
+    spec = write_spec(tmp_path, {"temperature": [1.0]}, {"data.max_train_blocks": 3})
+    assert main(["--config", str(spec), "--no-estimate"]) == 2
+    err = capsys.readouterr().err
+    assert "data.batch_size = 4: must be <= the at most 3 training blocks" in err and "nothing was run" in err, err
+    assert not (tmp_path / "logs" / "tiny" / "T1_kall_softmax_s0").exists()
+
+
 @pytest.mark.parametrize(
     "overrides, reason",
-    [
-        # a real run up to its data module's error: 5-7 s on the 2-core machine, so in `make test-all`
-        pytest.param({"data.max_train_blocks": 3}, "ValueError: the training data gives no batch: 3 block(s)",
-                     marks=pytest.mark.slow),
-        ({"trainer.max_epochs": 0}, "trained no step (max_steps=6, limit_train_batches=1.0)"),
-    ],
+    [({"trainer.max_epochs": 0}, "trained no step (max_steps=6, limit_train_batches=1.0)")],
 )
 def test_a_run_that_trains_no_step_is_failed_not_finished(tmp_path, overrides, reason):
     spec = write_spec(tmp_path, {"temperature": [1.0]}, overrides)
@@ -124,7 +129,8 @@ def test_a_changed_data_file_is_refused_by_name(tmp_path, text_files, capsys):
 def _pretrain_spec(tmp_path, seeds):
     return write_spec(tmp_path, {"temperature": [1.0], "seed": seeds}, {"trainer.max_steps": 2,
                       "trainer.val_check_interval": 2},
-                      pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2}})
+                      pretrain={"overrides": {"trainer.max_steps": 2, "trainer.val_check_interval": 2,
+                                                "model.warmup_steps": 1}})
 
 
 @pytest.mark.slow

@@ -68,7 +68,8 @@ def test_an_interrupted_pretraining_resumes_under_its_prefix(tmp_path, monkeypat
     """The pretraining run logs under Lightning's logger prefix (`pretrain-train/loss`); resumed, its writer's
     `purge_step` drops the interrupted attempt's later steps under that prefix too, and the fine-tuning runs still
     log their own steps from 0."""
-    pretrain = {"overrides": {"trainer.max_steps": 6, "trainer.val_check_interval": 6, "trainer.log_every_n_steps": 1}}
+    pretrain = {"overrides": {"trainer.max_steps": 6, "trainer.val_check_interval": 6, "trainer.log_every_n_steps": 1,
+                              "model.warmup_steps": 1}}
     spec = write_spec(tmp_path, {"seed": [0]}, {"trainer.max_steps": 2, "trainer.val_check_interval": 2},
                       checkpoint={"every_n_train_steps": 2}, callbacks=[KILL], pretrain=pretrain)
     base = tmp_path / "logs" / "tiny" / "pretrain"

@@ -9,7 +9,8 @@ backward of:
 
 for three paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
 (one (B, H, L, L) fp32 score tensor, `BlockwiseSettings.min_scores` set out of reach) and the blockwise explicit
-path (forced on at any L), under top-k and sparsemax. The dense path is skipped above ``dense_max_length``: at
+path (forced on at any L), under top-k and sparsemax; both explicit paths run with a tap open, as a logged step
+does (with none, softmax top-k takes the gathered path, which `study bench --fused-stats` measures). The dense path is skipped above ``dense_max_length``: at
 L = 8192 it would need about 16-22 GB for one call.
 
 - the whole SmolLM2-135M (unit "model", with ``units``: 30 layers and the loss over its 49152-token vocabulary),
@@ -26,6 +27,7 @@ short calls are repeated and the median taken.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from study.attention import AttentionSpec, attend, blockwise_settings
+from study.attention import AttentionSpec, attend, blockwise_settings, tapping
 from study.attention.blockwise import block_rows
 from study.bench.memory import profiled_peak_bytes
 from study.resident import in_fresh_process
@@ -104,8 +106,24 @@ def seconds(step: Callable[[], None], device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+class _ExplicitPath:
+    """An open tap that reads nothing. With no tap open, softmax top-k takes the gathered path
+    (`study.attention.topk`, measured by `study bench --fused-stats`); this keeps the explicit paths measured
+    here explicit, as a logged step or another normaliser runs them."""
+
+    row_blocks = True  # accepts the blockwise path's rows a block at a time
+
+    def observe(self, layer, weights, allowed, spec) -> None:
+        return None
+
+
+@contextlib.contextmanager
 def _path_settings(path: str):
-    return blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0))
+        if path != "stock sdpa":
+            stack.enter_context(tapping(_ExplicitPath()))
+        yield
 
 
 def call_step(length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool = False) -> Callable[[], None]:

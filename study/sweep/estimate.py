@@ -40,7 +40,7 @@ def measure_step_time(run: Run, steps: int = 6) -> dict[str, float]:
         "--trainer.callbacks=[]",
     ]
     t0 = time.perf_counter()
-    cli = lightning_main(args, run=False, save_config_callback=None)
+    cli = lightning_main(args, run=False, timing=True, save_config_callback=None)
     cli.datamodule.prepare_data()  # caches the tokenizer and blocks: a one-off cost, not a per-run one
     t_prepared = time.perf_counter()
     timer = StepTimer()

@@ -181,6 +181,9 @@ def _live_tensors() -> tuple[int, int]:
     with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
         warnings.simplefilter("ignore")
         tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    # An earlier test in this worker (torch.compile's tracing) can leave fake tensors, which hold no memory and
+    # have no data pointer: only tensors with real storage count.
+    tensors = [t for t in tensors if not isinstance(t, torch._subclasses.FakeTensor) and not t.is_meta]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return len(tensors), sum(storages.values())
 

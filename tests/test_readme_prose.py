@@ -1,6 +1,7 @@
-"""README.md's "What the default run found": its opening is the final checks' record and the main job's grid.
+"""README.md's "What the default run found": how its numbers were made is the final checks' record and the main job's
+grid.
 
-The findings themselves are not typed: the block below the opening is rendered from docs/results/main.json
+The findings themselves are not typed: the block that opens the section is rendered from docs/results/main.json
 (`scripts/readme_results.py`, checked by tests/test_report_readme.py), the opening of the report in plain words and
 its scorecard, so a number there is the report's own.
 """
@@ -22,7 +23,7 @@ STEPS = yaml.safe_load((ROOT / "configs/sweeps/default.yaml").read_text())["over
 
 
 def test_the_default_runs_opening_is_the_record_and_the_grid():
-    """The paragraph that opens "What the default run found": its commit, date, time and memory are the final checks'
+    """The paragraph of "What the default run found" that says how its numbers were made: its commit, date, time and memory are the final checks'
     record (docs/results/checks.json, whose block the README also carries) and its runs the main job's grid."""
     import importlib.util
 
@@ -33,7 +34,8 @@ def test_the_default_runs_opening_is_the_record_and_the_grid():
     demo = next(s for s in record["steps"] if s["step"] == "demo")
     text = (ROOT / "README.md").read_text()
     start = text.index("## What the default run found")
-    opening = " ".join(text[start : text.index("<!-- scorecard", start)].split())
+    section = text[start : text.index("\n## ", start + 1)]
+    opening = " ".join(section[section.index("How these numbers were made") :].split())
     grid = [r for r in PLAN.runs if r.params["top_k"] is None and r.params["optimizer"] != "sgd"]
     temps = sorted({r.params["temperature"] for r in grid})
     top8 = sorted({r.params["temperature"] for r in PLAN.runs if r.params["top_k"] == 8})

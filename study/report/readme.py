@@ -1,14 +1,16 @@
 """The README's scorecard, written from a report's JSON so that its numbers are the code's.
 
-    python scripts/readme_results.py            # docs/results/main.json -> the table between the markers in README.md
+    python scripts/readme_results.py            # docs/results/main.json -> the block between the markers in README.md
     python scripts/readme_results.py --check    # exit 1 when README.md and the JSON differ (tests/test_report_readme.py)
 
 The README's from-scratch sentence is the pooled page's opening (`study report --pool`), written between
 `POOLED_BEGIN` and `POOLED_END` from docs/results/scratch-pooled/pooled.json by the same script.
 
 The main job's report.json (`make demo` writes logs/default/report/report.json) is committed as
-docs/results/main.json; this module replaces what lies between `BEGIN` and `END` in README.md with the scorecard
-rendered from it by the same code as report.md's (`study.report.scorecard.scorecard_markdown`).
+docs/results/main.json; this module replaces what lies between `BEGIN` and `END` in README.md with the opening of
+report.md in plain words rendered from it by the same code (`study.report.markdown.plain_summary`). The README is a
+front door: its block stops there. A results page (`--readme docs/results/<study>.md`) also gets the scorecard's
+table (`study.report.scorecard.scorecard_markdown`).
 """
 
 from __future__ import annotations
@@ -59,13 +61,16 @@ def load_results(path: Path) -> dict[str, Any]:
     return data
 
 
-def render(data: dict[str, Any], source: str = "docs/results/main.json") -> str:
-    """The block between the markers: where the numbers come from, the report's opening in plain words (what the
-    verdicts were checked against, each claim under its verdict), then the scorecard."""
+def render(data: dict[str, Any], source: str = "docs/results/main.json", table: bool = True) -> str:
+    """The block between the markers: where the numbers come from, the report's opening in plain words (the effect
+    of T, what the verdicts were checked against, each claim under its verdict), then the scorecard's table, unless
+    ``table`` is false (the README, a front door, links the results page that carries it)."""
     runs = ", ".join(f"{n} {state}" for state, n in data["runs"].items())
     model = f", model {data['model']}" if data.get("model") else ""
     lines = [f"Sweep `{data['title']}` ({runs}{model}), from `{source}`. In plain words (the opening of its "
              "report.md):", "", plain_summary(data), ""]
+    if not table:
+        return "\n".join(lines[:-1])
     if data.get("lr_curves"):  # a learning-rate sweep: its own findings lead (the scorecard's rows are about T alone)
         lines += ["#### Learning-rate curves (from scratch)", "", *lr_tables(data["lr_curves"]),
                   "#### The paper's claims on the same runs", ""]  # fmt: skip
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         text = args.readme.read_text()
         resolved = args.json.resolve()
         source = resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else str(args.json)
-        new = splice(text, render(data, source), args.readme.name, source)
+        front_door = args.readme.resolve() == README.resolve()  # the README links the full table instead
+        new = splice(text, render(data, source, table=not front_door), args.readme.name, source)
         if POOLED.is_file():
             new = splice_pooled(new, pooled_opening(POOLED), args.readme.name)
     except (ReadmeError, OSError) as err:

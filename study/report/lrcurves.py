@@ -46,11 +46,6 @@ MIN_SEEDS = 3  # complete curves a per-seed interval needs
 MIN_DIVERGED = 5  # diverged runs finding 3b needs
 REFERENCE_T = 1.0
 
-# The tags of issue 31's monitors: present once `AttentionLogitMonitor` and `EntropyCollapseAlert` are in
-# study/tags.py; without them findings 3a and 3b say "not logged".
-MAX_LOGIT_TAG: str | None = getattr(tags, "MAX_LOGIT", None)
-COLLAPSE_TAG: str | None = getattr(tags, "ENTROPY_COLLAPSE_LAYERS", None)
-
 
 @dataclass(frozen=True)
 class LRRun:
@@ -428,8 +423,8 @@ def arm_of(summary: Summary) -> str:
     return "softmax"
 
 
-def _series(summary: Summary, tag: str | None) -> tuple[tuple[int, float], ...]:
-    return tuple(summary.series(tag) or ()) if tag else ()
+def _series(summary: Summary, tag: str) -> tuple[tuple[int, float], ...]:
+    return tuple(summary.series(tag) or ())
 
 
 def _init_loss(summary: Summary) -> float | None:
@@ -442,7 +437,7 @@ def _init_loss(summary: Summary) -> float | None:
 
 
 def lr_run(summary: Summary) -> LRRun:
-    collapse = next((step for step, value in _series(summary, COLLAPSE_TAG) if value > 0), None)
+    collapse = next((step for step, value in _series(summary, tags.ENTROPY_COLLAPSE_LAYERS) if value > 0), None)
     return LRRun(
         name=summary.name,
         temperature=summary.temperature,
@@ -454,9 +449,9 @@ def lr_run(summary: Summary) -> LRRun:
         nonfinite=summary.nonfinite,
         stop_step=summary.steps,
         train_loss=_series(summary, tags.TRAIN_LOSS),
-        max_logit=_series(summary, MAX_LOGIT_TAG),
+        max_logit=_series(summary, tags.MAX_LOGIT),
         collapse_step=collapse,
-        collapse_logged=bool(_series(summary, COLLAPSE_TAG)),
+        collapse_logged=bool(_series(summary, tags.ENTROPY_COLLAPSE_LAYERS)),
     )
 
 

@@ -88,8 +88,10 @@ def test_quick_runs_end_to_end_with_the_learning_rate_section(tmp_path):
     assert (report / "lr_curves.png").stat().st_size > 1000
     data = json.loads((report / "report.json").read_text())["lr_curves"]
     assert data["grid"] == [0.001, 0.03, 1.0] and data["temperatures"] == [0.1, 1.0]
-    assert {c["arm"] for c in data["curves"]} == {"softmax", "qk_norm", "init_scale", "uniform"}
-    assert len(data["curves"]) == 2 * 3 * 2 + 2 and all(c["init_loss"] > 0 for c in data["curves"])
+    assert {c["arm"] for c in data["curves"]} == {"softmax", "qk_norm", "init_scale", "output_gate", "uniform"}
+    assert len(data["curves"]) == 4 * 2 * 2 + 2 and all(c["init_loss"] > 0 for c in data["curves"])
+    gated = json.loads(next((tmp_path / "scratch-quick").glob("T1_*_gate/status.json")).read_text())
+    assert gated["state"] == "finished" and "--model.attention.output_gate=true" in gated["args"]
     assert all(set(c["final_loss_by_lr"]) == {"0.001", "0.03", "1.0"} for c in data["curves"])
     assert set(data["baselines"]) == {"unigram", "bigram"} and data["baselines"]["bigram"] < data["baselines"]["unigram"]
     assert "n-gram baselines" in text

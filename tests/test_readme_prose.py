@@ -53,3 +53,12 @@ def test_the_default_runs_opening_is_the_record_and_the_grid():
     missing = [words for words in expected if words not in opening]
     assert not missing, f"README.md's 'What the default run found' opening no longer says: {missing}"
 
+
+
+def test_the_readme_is_a_front_door():
+    """At most 220 lines, and its first screen holds what it is, the two commands and the findings' section."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 220, f"README.md has {len(lines)} lines: move detail to docs/"
+    first_screen = "\n".join(lines[:40])
+    assert "make demo" in first_screen and "make test" in first_screen
+    assert "## What the default run found" in first_screen

@@ -92,7 +92,7 @@ def test_hparams_lists_swept_settings_first(tensorboard):
     assert names[0] == "attention/temperature", names
     assert experiment["hparamInfos"][0].get("differs") is True
     domain = [v for v in experiment["hparamInfos"][0]["domainDiscrete"]]
-    assert sorted(domain) == [0.1, 1.0]
+    assert domain == ["0.1", "1"]  # plain text, in numeric order (log10_T is the numeric axis)
     assert {"val/loss", "val/ppl"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     # top-k labelled as text ("all", not 0), and the final attention and gradient metrics as named columns
     top_k = next(info for info in experiment["hparamInfos"] if info["name"] == "attention/top_k")

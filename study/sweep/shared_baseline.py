@@ -14,6 +14,7 @@ counts as a measurement.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ step-0 point would come after the run's last step, and a loader that takes a low
 does, for files without a file version) would drop the run's later points."""
 
 
-WRITING = ".shared_baseline_writing"  # the copy's name while it is written
+WRITING = ".shared_baseline.tmp"  # the folder inside the run's where the copy is written before it is moved up
 
 
 def _write(run_dir: Path, lender: str, values: dict[str, float]) -> None:
@@ -53,16 +54,17 @@ def _write(run_dir: Path, lender: str, values: dict[str, float]) -> None:
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    before = set(run_dir.glob(EVENT_FILES))
-    writer = EventFileWriter(str(run_dir), filename_suffix=WRITING)
+    aside = run_dir / WRITING  # not the run's folder: a kill leaves no half copy that a reader takes for the run's
+    writer = EventFileWriter(str(aside))
     now = time.time()
     scalars = [Summary.Value(tag=tag, simple_value=value) for tag, value in sorted(values.items())]
     writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=scalars)))
     text = text_value(tags.SHARED_BASELINE, note(lender, sorted(values)))
     writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=[text])))
     writer.close()
-    (written,) = [path for path in set(run_dir.glob(EVENT_FILES)) - before if path.name.endswith(WRITING)]
-    os.replace(written, run_dir / SHARED_FILE)  # whole, under its name: a kill leaves no half copy read as one
+    (written,) = aside.glob(EVENT_FILES)
+    os.replace(written, run_dir / SHARED_FILE)
+    aside.rmdir()
 
 
 def share_step0_validation(runs: list[Run], states: dict[str, str],
@@ -73,8 +75,10 @@ def share_step0_validation(runs: list[Run], states: dict[str, str],
     run in plan order that measured the baseline."""
     done: list[tuple[Run, RunData]] = []
     for run in runs:
-        for old in [*run.dir.glob(EVENT_FILES + SHARED_BASELINE_SUFFIX), *run.dir.glob(EVENT_FILES + WRITING)]:
-            old.unlink()  # an earlier copy, or one a kill left half written
+        for old in run.dir.glob(EVENT_FILES + SHARED_BASELINE_SUFFIX):
+            old.unlink()  # an earlier copy
+        if (run.dir / WRITING).is_dir() and not (run.dir / WRITING).is_symlink():
+            shutil.rmtree(run.dir / WRITING)  # one a kill left half written
         if states.get(run.name) in RESULT_STATES and run.name in scalars:
             done.append((run, RunData(run.name, run.dir, run.params, {"state": states[run.name]}, run.resolved)))
     lenders: dict[tuple, str] = {}

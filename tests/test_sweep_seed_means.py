@@ -69,6 +69,7 @@ def test_the_mean_run_per_T_holds_the_main_arms_mean_and_band(tmp_path):
         assert [series[part][step][1] for part in tags.SEED_MEAN_PARTS] == pytest.approx(want, rel=1e-6)
     about = acc.Tensors(tags.SEED_MEAN_TEXT)[0].tensor_proto.string_val[0].decode()
     assert "3 seeds" in about and "sgd" not in about
+    assert tags.SEED_MEAN_TEXT.split("/")[0] > tags.REPORT_SUMMARY.split("/")[0]  # the Text tab: after the report's
     # written again: replaced, not added to
     write_seed_means(tmp_path, runs, states, scalars)
     assert len(list(written[0].glob("events.out.tfevents.*"))) == 1

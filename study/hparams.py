@@ -111,11 +111,31 @@ def _kind(values: Sequence[Scalar]) -> int:
     return api_pb2.DATA_TYPE_STRING
 
 
+def plain_number(value: float | int) -> str:
+    """A number as a person writes it: 0.01, 1, 0.0003, 1e-05 (HParams prints a number to five digits: 0.010000)."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _column_kind(name: str, values: Sequence[Scalar]) -> int:
+    """How a column is declared: numbers as plain text (`plain_number`, in numeric order), except the log10 columns,
+    which give the parallel-coordinates plot its numeric axes (`LOG10_COLUMNS`)."""
+    kind = _kind(values)
+    if kind == api_pb2.DATA_TYPE_FLOAT64 and name not in LOG10_COLUMNS.values():
+        return api_pb2.DATA_TYPE_STRING
+    return kind
+
+
+def _text(value: Scalar) -> str:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return plain_number(value) if number and not isinstance(value, int) else str(value)
+
+
 def hparam_info(name: str, values: Sequence[Scalar], differs: bool) -> api_pb2.HParamInfo:
     """One hyperparameter with its discrete domain (distinct values, sorted); strings for mixed types."""
     # numbers in order, and text that is a number before other text: top-k "4", "8", "16", "all"
-    distinct = sorted(set(values), key=lambda v: (str(type(v)), *((0, int(v), "") if str(v).isdigit() else (1, 0, v))))
-    kind = _kind(distinct)
+    distinct = sorted(set(values), key=_order)
+    kind = _column_kind(name, distinct)
     info = api_pb2.HParamInfo(name=name, type=kind, differs=differs)
     for value in distinct:
         if kind == api_pb2.DATA_TYPE_BOOL:
@@ -123,8 +143,15 @@ def hparam_info(name: str, values: Sequence[Scalar], differs: bool) -> api_pb2.H
         elif kind == api_pb2.DATA_TYPE_FLOAT64:
             info.domain_discrete.values.add().number_value = float(value)
         else:
-            info.domain_discrete.values.add().string_value = str(value)
+            info.domain_discrete.values.add().string_value = _text(value)
     return info
+
+
+def _order(value: Scalar) -> tuple:
+    """Numbers by value (ints and floats together), then text that is a number by its number, then other text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, int(value), "") if str(value).isdigit() else (2, 0, str(value))
 
 
 def experiment_summary(
@@ -189,19 +216,44 @@ def write_session(
         declared.update(declaration["hparams"])
         writer.add_summary(_experiment_from(declaration))
     start = plugin_data_pb2.SessionStartInfo(group_name=group, start_time_secs=time.time())
+    if not group and experiment is not True:
+        start.group_name = session_label(params, declared)
     for name, value in params.items():
-        kind = _kind(declared[name]) if value in declared.get(name, []) else _kind([value])
+        kind = _column_kind(name, declared[name] if value in declared.get(name, []) else [value])
         if kind == api_pb2.DATA_TYPE_BOOL:
             start.hparams[name].bool_value = bool(value)
         elif kind == api_pb2.DATA_TYPE_FLOAT64:
             start.hparams[name].number_value = float(value)
         else:
-            start.hparams[name].string_value = str(value)
+            start.hparams[name].string_value = _text(value)
     writer.add_summary(_summary(SESSION_START_INFO_TAG, session_start_info=start))
     writer.add_summary(
         _summary(SESSION_END_INFO_TAG, session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS))
     )
     writer.flush()
+
+
+LABEL_PARTS = {tags.attention_hparam("temperature"): "T", tags.attention_hparam("top_k"): "k",
+               "learning_rate": "lr", "seed": "s"}
+"""Short names of the columns in a run's label (`session_label`); any other column is shown by its value."""
+
+
+def session_label(params: Mapping[str, Scalar], declared: Mapping[str, Sequence[Scalar]]) -> str:
+    """A run's name in the HParams table, short enough for its column: the settings in which the sweep's runs
+    differ, T first and the seed last, each other one only where it is not the sweep's first run's value (the main
+    arm's): ``T0.01 s0``, ``T0.01 k8 s0``, ``T1 sgd lr1 s1``. ``declared``: each column's values over the sweep's
+    runs in plan order (`write_experiment`)."""
+    temperature, seed = tags.attention_hparam("temperature"), "seed"
+    varied = [name for name in declared if name in params and name not in LOG10_COLUMNS.values()
+              and len({_text(v) for v in declared[name]}) > 1]  # fmt: skip
+    order = [n for n in (temperature,) if n in varied] + [n for n in varied if n not in (temperature, seed)]
+    parts = []
+    for name in order + [n for n in (seed,) if n in varied]:
+        value = params[name]
+        if name in (temperature, seed) or _text(value) != _text(declared[name][0]):
+            short = LABEL_PARTS.get(name)
+            parts.append(f"{short}{_text(value)}" if short else _text(value))
+    return " ".join(parts)
 
 
 def write_experiment(
@@ -248,7 +300,9 @@ __all__ = [
     "STUDY_AXES",
     "experiment_summary",
     "hparam_info",
+    "plain_number",
     "read_declaration",
+    "session_label",
     "write_experiment",
     "with_log10_columns",
     "write_session",

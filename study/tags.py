@@ -167,61 +167,84 @@ GRAD_BLOCK_KIND_REGEX = "^" + re.escape(grad_norm(GRAD_GROUP_BLOCK_PREFIX)) + r"
 # ---- the run-level scalars that lead TensorBoard's Scalars / Time Series pages ---------------------------------
 # TensorBoard groups tags by their first path component and sorts the groups by name, upper case before lower
 # case, and opens the first two groups; so the few numbers a run is judged by are copied (same values, same steps)
-# into `Summary/` (training steps) and `Summary_val/` (validation epochs), ahead of the per-layer detail in
-# `attention/`, `grad_norm/` and `val/`. The monitors and the LightningModule write the copy beside the original.
+# into `Summary/` (the first page: the answer, at most FIRST_PAGE_CARDS cards), `Summary_train/` (the other
+# training-step copies, linear scales among them) and `Summary_val/` (the other validation-epoch copies), ahead of
+# the per-layer detail in `attention/`, `grad_norm/` and `val/`. The monitors and the LightningModule write the copy
+# beside the original.
 SUMMARY_GROUP = "Summary"
+SUMMARY_TRAIN_GROUP = "Summary_train"
 SUMMARY_VAL_GROUP = "Summary_val"
+FIRST_PAGE_CARDS = 6  # the most cards of the first group: one screen that answers the question
 
 
 def _leading_tags() -> dict[str, str]:
+    first = {TRAIN_LOSS: "loss", attention("normalized_entropy"): "entropy_over_log_n", MAX_LOGIT: "max_attention_logit"}
     train = {
-        TRAIN_LOSS: "loss",
         TRAIN_PPL: "perplexity",
         attention("entropy"): "entropy_layer_mean",
-        attention("normalized_entropy"): "normalized_entropy_layer_mean",
         jacobian("mean"): "attention_jacobian_layer_mean",
-        MAX_LOGIT: "max_attention_logit",
         SINK_RATE: "sink_rate",
         GRAD_NORM: "grad_norm_total",
         GRAD_Q: "grad_norm_W_q",
         GRAD_K: "grad_norm_W_k",
     }
-    out = {tag: f"{SUMMARY_GROUP}/{name}" for tag, name in train.items()}
+    out = {tag: f"{SUMMARY_GROUP}/{name}" for tag, name in first.items()}
+    out.update({tag: f"{SUMMARY_TRAIN_GROUP}/{name}" for tag, name in train.items()})
     val_tags = {VAL_LOSS: "loss", VAL_PPL: "perplexity"}
-    val_tags.update({val(tag): name for tag, name in train.items() if tag.startswith("attention/")})
+    val_tags.update({val(tag): name for tag, name in {**first, **train}.items() if tag.startswith("attention/")})
     out.update({tag: f"{SUMMARY_VAL_GROUP}/{name}" for tag, name in val_tags.items()})
     return out
 
 
 LEADING = _leading_tags()
-"""{tag as its monitor writes it: its copy in the leading group}; `leading_copies` applies it."""
+"""{tag as its monitor writes it: its copy in a leading group}; `leading_copies` applies it."""
 
 # TensorBoard cannot set a log axis (nor a grouping) from the logs, and the positive quantities that T moves span
 # decades (gradient norms from about 1 at T = 1 to 1e10 at T = 0.01; perplexity from tens to thousands): on a
-# linear axis every run but the largest lies flat on 0. So these also get a log10 copy in the leading group.
-# TensorBoard sorts a group's charts by name, capitals first (as it sorts groups): "Log10_" puts these first in
-# `Summary`, and their names order them total gradient norm, perplexity, Jacobian, then W_k and W_q.
+# linear axis every run but the largest lies flat on 0. So these also get a log10 copy. TensorBoard sorts a group's
+# charts by name, capitals first (as it sorts groups): "Log10_" puts these first in their group; on the first page
+# the W_q/W_k gradient norm, then the validation perplexity.
 LOG10_PREFIX = "Log10_"
 _LOG10_NAMES = {
-    GRAD_NORM: "grad_norm",
-    TRAIN_PPL: "perplexity",
-    jacobian("mean"): "softmax_jacobian_layer_mean",
-    GRAD_K: "wk_grad_norm",
-    GRAD_Q: "wq_grad_norm",
-    VAL_PPL: "perplexity",
-    val(jacobian("mean")): "softmax_jacobian_layer_mean",
+    GRAD_NORM: (SUMMARY_TRAIN_GROUP, "grad_norm"),
+    TRAIN_PPL: (SUMMARY_TRAIN_GROUP, "perplexity"),
+    jacobian("mean"): (SUMMARY_TRAIN_GROUP, "softmax_jacobian_layer_mean"),
+    GRAD_K: (SUMMARY_TRAIN_GROUP, "wk_grad_norm"),
+    GRAD_Q: (SUMMARY_TRAIN_GROUP, "wq_grad_norm"),
+    VAL_PPL: (SUMMARY_GROUP, "perplexity_val"),
+    val(jacobian("mean")): (SUMMARY_VAL_GROUP, "softmax_jacobian_layer_mean"),
 }
 LOG10_SOURCES = tuple(_LOG10_NAMES)
 
 
 def log10_copy(tag: str) -> str:
-    """``Summary/Log10_grad_norm``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
-    group = LEADING[tag].split("/", 1)[0]
-    return f"{group}/{LOG10_PREFIX}{_LOG10_NAMES[tag]}"
+    """``Summary_train/Log10_grad_norm``: the leading-group name of the log10 copy of ``tag`` (one of LOG10_SOURCES)."""
+    group, name = _LOG10_NAMES[tag]
+    return f"{group}/{LOG10_PREFIX}{name}"
 
 
 LOG10 = {tag: log10_copy(tag) for tag in LOG10_SOURCES}
-"""{tag as its monitor writes it: its log10 copy in the leading group}."""
+"""{tag as its monitor writes it: its log10 copy in a leading group}."""
+
+# The attention-logit parameters' gradient over the whole network, sqrt(|g_Wq|^2 + |g_Wk|^2) (the report's "W_q,W_k"
+# group, LAYER_GROUPS), on log10: the effect of T the study is about, first on the first page.
+LOG10_GRAD_QK = f"{SUMMARY_GROUP}/{LOG10_PREFIX}grad_norm_W_qk"
+GRAD_QK_PARTS = (GRAD_Q, GRAD_K)
+
+FIRST_PAGE = (LOG10_GRAD_QK, LOG10[VAL_PPL], LEADING[attention("normalized_entropy")], LEADING[TRAIN_LOSS],
+              LEADING[MAX_LOGIT])  # fmt: skip
+"""The cards of the first page (`SUMMARY_GROUP`), in the order TensorBoard sorts them."""
+
+VALIDATION_COPIES = frozenset(
+    [copy for tag, copy in LEADING.items() if tag.startswith(VAL_PREFIX)]
+    + [copy for tag, copy in LOG10.items() if tag.startswith(VAL_PREFIX)]
+)
+"""The leading-group copies of validation tags (wherever their group): logged at validation epochs only."""
+
+
+def is_validation(tag: str) -> bool:
+    """Whether ``tag`` is logged at validation epochs: a ``val/`` tag or a leading copy of one."""
+    return tag.startswith(VAL_PREFIX) or tag in VALIDATION_COPIES
 
 
 def _log10(value: float) -> float | None:
@@ -232,12 +255,42 @@ def _log10(value: float) -> float | None:
 
 def leading_copies(metrics: dict[str, float]) -> dict[str, float]:
     """The leading-group copies of those ``metrics`` that lead (none for the rest), with the log10 copies of those
-    in LOG10 (a non-positive or NaN value has no log10 copy at that step)."""
+    in LOG10 and the whole network's W_q/W_k norm on log10 where both parts are there (a non-positive or NaN value
+    has no log10 copy at that step)."""
     out = {LEADING[tag]: value for tag, value in metrics.items() if tag in LEADING}
     for tag, value in metrics.items():
         if tag in LOG10 and (log := _log10(value)) is not None:
             out[LOG10[tag]] = log
+    if all(tag in metrics for tag in GRAD_QK_PARTS):
+        norm = math.hypot(*(float(metrics[tag]) for tag in GRAD_QK_PARTS))
+        if (log := _log10(norm)) is not None:
+            out[LOG10_GRAD_QK] = log
     return out
+
+
+# ---- a sweep's TensorBoard additions, written when its runs are done (`study.sweep.shared_baseline`, `.seed_means`)
+SHARED_BASELINE = "shared_baseline"  # Text: the step-0 validation copied from another run of the same setting
+SEED_MEAN_RUN = "Mean_over_seeds"  # the folder of the per-T mean runs; a capital sorts it before the runs ("T...")
+SEED_MEAN_PREFIX = "mean_over_seeds"  # their tags: lower case, so Time Series shows them after the runs' groups
+SEED_MEAN_PARTS = ("mean", "low", "high")  # the mean over seeds and its band
+
+
+def seed_mean_run(temperature_label: str) -> str:
+    """``Mean_over_seeds/T0.1``: the run (a folder under the sweep) of the main arm's mean over seeds at one T."""
+    return f"{SEED_MEAN_RUN}/{temperature_label}"
+
+
+def seed_mean(tag: str, part: str) -> str:
+    """``mean_over_seeds/Log10_grad_norm_W_qk/mean`` (``part`` "mean", "low" or "high"): a first-page card's mean over
+    seeds, or an end of its band."""
+    if part not in SEED_MEAN_PARTS:
+        raise ValueError(f"part must be one of {SEED_MEAN_PARTS}, got {part!r}")
+    return f"{SEED_MEAN_PREFIX}/{tag.split('/', 1)[1]}/{part}"
+
+
+# Text: which runs a mean run averages and what its band is; "seed_means" sorts after "report" in the Text tab, where
+# the report's plain-words summary leads
+SEED_MEAN_TEXT = "seed_means/about"
 
 
 # ---- NonFiniteGuard ---------------------------------------------------------------------------------------------

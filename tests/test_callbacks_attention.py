@@ -1,6 +1,7 @@
 """Attention monitors on real training runs: values read back from the TensorBoard event files."""
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -214,6 +215,19 @@ def test_attention_map_log_scale():
     assert fig.axes[1].get_ylabel() == "weight (log scale)"
     with pytest.raises(ValueError, match="queries, keys"):
         draw_attention_map(torch.ones(2, 2, 2))
+
+
+def test_the_layout_leads_with_the_question_and_draws_nothing_empty_by_construction():
+    """The run summary opens on the first page's gradient card; the chart of the norm before and after clipping is
+    there only for a run that clips, and the entropy-collapse count (0 in every run that does not collapse) is gone."""
+    def titles(layout):
+        return [chart for charts in layout.values() for chart in charts]
+
+    clipping, plain = custom_scalars_layout(clipping=True), custom_scalars_layout(clipping=False)
+    assert next(iter(plain["run summary"].values())) == ["Multiline", ["^" + re.escape(tags.LOG10_GRAD_QK) + "$"]]
+    assert [t for t in titles(clipping) if t not in titles(plain)] == [t for t in titles(clipping) if "clipping" in t]
+    assert len([t for t in titles(clipping) if "clipping" in t]) == 1
+    assert not any("collapse" in t for t in titles(clipping))
 
 
 def test_layout_charts_match_the_tags_the_monitors_write(tmp_path):

@@ -88,4 +88,4 @@ def test_gradient_monitor_alone_opens_no_tap(tmp_path):
     assert not hasattr(monitor, "observe")
     make_trainer(tmp_path, [monitor], max_steps=1).fit(LlamaModule(AttentionSpec()), token_loader(), token_loader(seed=1))
     # `Summary` holds the copies of the run-level norms that lead TensorBoard's pages (`tags.LEADING`)
-    assert {t.split("/")[0] for t in scalars(tmp_path)} <= {"grad_norm", "train", "val", "epoch", "Summary"}
+    assert {t.split("/")[0] for t in scalars(tmp_path)} <= {"grad_norm", "train", "val", "epoch", "Summary", "Summary_train"}

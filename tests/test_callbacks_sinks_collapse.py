@@ -79,7 +79,7 @@ def test_sink_rate_and_first_key_weight_of_planted_heads(tmp_path):
             assert logged[prefix + tags.attention("first_key_weight", layer)] == pytest.approx((sink + uniform) / 2, rel=1e-5)
             assert logged[prefix + tags.attention("sink_rate", layer)] == 0.5
         assert logged[prefix + tags.SINK_RATE] == 0.5
-    assert logged["Summary/sink_rate"] == 0.5
+    assert logged[tags.LEADING[tags.SINK_RATE]] == 0.5
 
 
 def test_threshold_moves_the_sink_rate(tmp_path):

@@ -30,9 +30,9 @@ def test_swept_settings_first_with_their_domains():
                      "learnable"]
     assert [info.differs for info in experiment.hparam_infos] == [True, True, True, False, False, False]
     assert [v.number_value for v in experiment.hparam_infos[2].domain_discrete.values] == [-1.0, 0.0]
-    temperature = experiment.hparam_infos[0]
-    assert temperature.type == api_pb2.DATA_TYPE_FLOAT64
-    assert [v.number_value for v in temperature.domain_discrete.values] == [0.1, 1.0]
+    temperature = experiment.hparam_infos[0]  # plain text in numeric order; log10_T is the numeric axis
+    assert temperature.type == api_pb2.DATA_TYPE_STRING
+    assert [v.string_value for v in temperature.domain_discrete.values] == ["0.1", "1"]
     assert experiment.hparam_infos[4].domain_discrete.values[0].string_value == "softmax"
     assert experiment.hparam_infos[5].type == api_pb2.DATA_TYPE_BOOL
     assert [m.name.tag for m in experiment.metric_infos] == ["val/loss", "val/ppl"]
@@ -56,7 +56,7 @@ def test_written_experiment_and_session(tmp_path):
     writer.close()
     content = EventAccumulator(str(swept)).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
     experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
-    assert [v.number_value for v in experiment.hparam_infos[0].domain_discrete.values] == [0.3, 1.0]
+    assert [v.string_value for v in experiment.hparam_infos[0].domain_discrete.values] == ["0.3", "1"]
     top_k = experiment.hparam_infos[1]
     assert top_k.name == "attention/top_k" and [v.string_value for v in top_k.domain_discrete.values] == ["4", "16", "all"]
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == [("val/loss", "val loss")]
@@ -73,15 +73,16 @@ def test_written_experiment_and_session(tmp_path):
     names = [i.name for i in metadata.parse_experiment_plugin_data(tags[metadata.EXPERIMENT_TAG]).hparam_infos]
     assert names == ["attention/temperature", "attention/top_k", "log10_T", "attention/alpha", "lr"]
     start = metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
-    assert start.hparams["attention/temperature"].number_value == 0.1 and start.group_name == "T0.1"
+    assert start.hparams["attention/temperature"].string_value == "0.1" and start.group_name == "T0.1"
     assert start.hparams["log10_T"].number_value == -1.0
     assert acc.Tags()["scalars"] == []  # no made-up metric points
 
 
-def test_integers_are_shown_as_integers_and_sessions_follow_the_declared_type(tmp_path):
-    """HParams shows every number as "0.0000": a seed or a top-k of integers is declared as text ("0", "16"), in
-    numeric order; a session writes each value with its column's declared type (a temperature of 1 among 0.1 is a
-    number, not the text "1"), else HParams cannot place it in the column."""
+def test_numbers_are_shown_plain_and_sessions_follow_the_declared_type(tmp_path):
+    """HParams shows every number to five digits ("0.010000"): a seed, a top-k, a temperature or a learning rate
+    is declared as plain text ("0", "16", "0.1", "0.0003"), in numeric order, and the log10 columns stay numbers (the
+    parallel-coordinates axes); a session writes each value as its column declares it (a temperature of 1 among 0.1
+    is "1"), else HParams cannot place it in the column."""
     from torch.utils.tensorboard import SummaryWriter
 
     hparams = {"attention/temperature": [0.1, 1], "seed": [10, 2, 0], "attention/top_k": [16, 4], "lr": [3e-4]}
@@ -90,7 +91,9 @@ def test_integers_are_shown_as_integers_and_sessions_follow_the_declared_type(tm
     assert infos["seed"].type == api_pb2.DATA_TYPE_STRING
     assert [v.string_value for v in infos["seed"].domain_discrete.values] == ["0", "2", "10"]
     assert [v.string_value for v in infos["attention/top_k"].domain_discrete.values] == ["4", "16"]
-    assert infos["attention/temperature"].type == api_pb2.DATA_TYPE_FLOAT64 and infos["lr"].type == api_pb2.DATA_TYPE_FLOAT64
+    assert infos["attention/temperature"].type == api_pb2.DATA_TYPE_STRING and infos["lr"].type == api_pb2.DATA_TYPE_STRING
+    assert [v.string_value for v in infos["attention/temperature"].domain_discrete.values] == ["0.1", "1"]
+    assert infos["log10_T"].type == api_pb2.DATA_TYPE_FLOAT64  # the numeric axis
 
     declared = write_experiment(tmp_path, hparams, ["val/loss"])
     writer = SummaryWriter(str(tmp_path / "run"))
@@ -99,9 +102,9 @@ def test_integers_are_shown_as_integers_and_sessions_follow_the_declared_type(tm
     writer.close()
     content = EventAccumulator(str(tmp_path / "run")).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-    assert start.hparams["attention/temperature"].number_value == 1.0
+    assert start.hparams["attention/temperature"].string_value == "1"
     assert start.hparams["seed"].string_value == "2" and start.hparams["attention/top_k"].string_value == "16"
-    assert start.hparams["lr"].number_value == 3e-4
+    assert start.hparams["lr"].string_value == "0.0003" and start.hparams["log10_T"].number_value == 0.0
 
 
 def test_a_damaged_declaration_is_refused_naming_the_file(tmp_path):
@@ -133,3 +136,19 @@ def test_settings_that_span_decades_get_a_log10_column():
     info = {i.name: i for i in experiment.hparam_infos}["log10_lr"]
     assert info.differs and [v.number_value for v in info.domain_discrete.values] == with_log10_columns(
         {"learning_rate": [0.0003, 0.01]})["log10_lr"]
+
+
+def test_a_sweeps_runs_are_named_by_what_sets_them_apart():
+    """The HParams table's trial column is narrow: a sweep's run is named by the settings its runs differ in, T first
+    and the seed last, the others only where they leave the main arm (the plan's first run)."""
+    from study.hparams import plain_number, session_label
+
+    declared = {"attention/temperature": [0.01, 1, 0.01, 1, 0.01, 1], "attention/top_k": ["all"] * 4 + ["8", "8"],
+                "optimizer": ["adamw"] * 2 + ["sgd"] * 2 + ["adamw"] * 2, "learning_rate": [3e-4, 3e-4, 1.0, 0.01,
+                3e-4, 3e-4], "seed": [0, 0, 1, 1, 0, 0], "attention/normalizer": ["softmax"] * 6}  # fmt: skip
+    run = {name: values[0] for name, values in declared.items()}
+    assert session_label(run, declared) == "T0.01 s0"
+    assert session_label({**run, "attention/top_k": "8"}, declared) == "T0.01 k8 s0"
+    assert session_label({**run, "attention/temperature": 1, "optimizer": "sgd", "learning_rate": 1.0, "seed": 1},
+                         declared) == "T1 sgd lr1 s1"
+    assert [plain_number(v) for v in (0.01, 1.0, 3e-4, 1e-05, 2)] == ["0.01", "1", "0.0003", "1e-05", "2"]

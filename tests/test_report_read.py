@@ -148,3 +148,18 @@ def test_a_truncated_tail_in_a_superseded_event_file_is_expected(tmp_path):
     (run / "status.json").write_text(json.dumps({"state": "finished", "global_step": 60,
                                                  "metrics": {"val/loss": 1930.0}}))
     assert _states(tmp_path / "sw") == ({"s0": "finished"}, [])
+
+
+def test_a_folder_read_again_is_parsed_again_only_when_its_own_event_files_changed(tmp_path):
+    """`read_scalars` keeps what it parsed while the run's own event files are unchanged (the sweep reads its runs
+    before its report does): a new file of the run's is read, and a caller's change never reaches the kept copy."""
+    writer = SummaryWriter(str(tmp_path))
+    writer.add_scalar("train/loss", 2.0, 0)
+    writer.close()
+    first = read_scalars(tmp_path)
+    first["train/loss"].append((9, 9.0))  # a caller's change does not reach the kept copy
+    assert read_scalars(tmp_path) == {"train/loss": [(0, 2.0)]}
+    writer = SummaryWriter(str(tmp_path))  # a resumed attempt: a file of its own
+    writer.add_scalar("train/loss", 1.0, 1)
+    writer.close()
+    assert read_scalars(tmp_path) == {"train/loss": [(0, 2.0), (1, 1.0)]}

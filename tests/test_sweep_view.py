@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from study import tags
 from study.cli import main as study_main
 from study.sweep import axes
 from study.sweep.view import address, color_groups, command_line, plan_runs, run_color_regex
@@ -90,6 +91,9 @@ def _check_grouping(runs: list[tuple[str, dict]], n_main: int, n_other: int) -> 
     # the sweep's other runs (pretraining, the report's run) match nothing: each keeps a colour of its own
     assert color_groups(run_color_regex(runs), ["pretrain", "report", "probe"]) == dict.fromkeys(
         ["pretrain", "report", "probe"])
+    # the main arm's mean over seeds at each T takes that T's colour
+    t1 = next(m for m, p in main.items() if p["temperature"] == 1)
+    assert color_groups(run_color_regex(runs), [tags.seed_mean_run("T1")])[tags.seed_mean_run("T1")] == groups[t1]
 
 
 def test_a_normaliser_arm_is_grouped_apart_even_when_its_name_has_underscores():
@@ -141,7 +145,7 @@ def test_the_verb_reads_the_sweeps_plan_and_refuses_a_folder_without_one(tmp_pat
 def test_a_browser_reads_the_regex_as_python_does():
     """TensorBoard groups by `new RegExp(s)` and `JSON.stringify(match.slice(1))`: the same groups in JavaScript."""
     runs = _demo_shaped_runs()
-    regex, names = run_color_regex(runs), [name for name, _ in runs] + ["pretrain"]
+    regex, names = run_color_regex(runs), [name for name, _ in runs] + ["pretrain", tags.seed_mean_run("T0.1")]
     script = ("const r = new RegExp(process.argv[1]); const out = {};"
               "for (const n of JSON.parse(process.argv[2])) { const m = n.match(r);"
               " out[n] = m ? m.slice(1).map(g => g === undefined ? null : g) : null; }"

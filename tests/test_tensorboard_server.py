@@ -92,7 +92,7 @@ def test_hparams_lists_swept_settings_first(tensorboard):
     assert names[0] == "attention/temperature", names
     assert experiment["hparamInfos"][0].get("differs") is True
     domain = [v for v in experiment["hparamInfos"][0]["domainDiscrete"]]
-    assert sorted(domain) == [0.1, 1.0]
+    assert domain == ["0.1", "1"]  # plain text, in numeric order (log10_T is the numeric axis)
     assert {"val/loss", "val/ppl"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     # top-k labelled as text ("all", not 0), and the final attention and gradient metrics as named columns
     top_k = next(info for info in experiment["hparamInfos"] if info["name"] == "attention/top_k")
@@ -118,15 +118,15 @@ def test_run_list_holds_the_runs_only(tensorboard):
 
 
 def test_run_level_scalars_lead_the_pages(tensorboard):
-    """TensorBoard groups tags by their first component, sorts the groups (capitals first) and opens the first two:
-    those are the run-level copies, with the same values as the tags they copy, and their log10 copies."""
+    """TensorBoard groups tags by their first component and sorts the groups (capitals first): the run-level copies
+    lead, the first page first, with the same values as the tags they copy, and their log10 copies."""
     from study import tags as study_tags
 
     base, _ = tensorboard
     tags = _get(f"{base}/data/plugin/scalars/tags")
     run = sorted(tags)[0]
     groups = sorted({tag.split("/", 1)[0] for tag in tags[run]})
-    assert groups[:2] == [study_tags.SUMMARY_GROUP, study_tags.SUMMARY_VAL_GROUP], groups
+    assert groups[:3] == [study_tags.SUMMARY_GROUP, study_tags.SUMMARY_TRAIN_GROUP, study_tags.SUMMARY_VAL_GROUP], groups
     for source, copy in ((study_tags.TRAIN_LOSS, "Summary/loss"), (study_tags.VAL_PPL, "Summary_val/perplexity")):
         assert copy == study_tags.LEADING[source]
         query = urllib.parse.urlencode

@@ -14,6 +14,7 @@ reported, as long as the run's record of steps is complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -74,15 +75,15 @@ class RunData:
         return dotted_get(self.resolved, key, default)
 
 
-def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalar series of a run folder's event files, as (step, value) sorted by step.
+SHARED_BASELINE_SUFFIX = ".shared_baseline"
+"""The name ending of an event file that holds a step-0 validation copied from another run of the same setting
+(`study.sweep.shared_baseline`): drawn by TensorBoard, never read as this run's measurement."""
 
-    A resumed run's writer starts with `purge_step` = its checkpoint's step (the sweep sets it); EventAccumulator
-    then drops the earlier attempt's points from that step on. Each step keeps one value (the latest).
-    """
+
+def _accumulated(path: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
     acc.Reload()
     out = {}
     for tag in acc.Tags().get("scalars", []):
@@ -90,6 +91,36 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
         for event in acc.Scalars(tag):
             points[int(event.step)] = float(event.value)
         out[tag] = sorted(points.items())
+    return out
+
+
+def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of a run folder's event files, as (step, value) sorted by step: what the run measured.
+
+    A resumed run's writer starts with `purge_step` = its checkpoint's step (the sweep sets it); EventAccumulator
+    then drops the earlier attempt's points from that step on. Each step keeps one value (the latest). The points
+    of a shared step-0 baseline (`SHARED_BASELINE_SUFFIX`) are another run's measurement and are left out: the report
+    shares that baseline itself, once per setting (`study.report.summary.share_baselines`). A folder read again with
+    its own event files unchanged (names, sizes, times) is not parsed again: the sweep reads its runs before its
+    report does, in one process.
+    """
+    folder = Path(run_dir)
+    own = tuple((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in sorted(folder.glob(EVENT_FILES))
+                if not p.name.endswith(SHARED_BASELINE_SUFFIX))  # fmt: skip
+    return {tag: list(series) for tag, series in _measured(str(folder.resolve()), own).items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _measured(run_dir: str, own_files: tuple) -> dict[str, list[tuple[int, float]]]:
+    """`read_scalars` of a folder whose own event files are ``own_files`` (the cache's key)."""
+    out = _accumulated(Path(run_dir))
+    for shared in sorted(Path(run_dir).glob(EVENT_FILES + SHARED_BASELINE_SUFFIX)):
+        for tag, copied in _accumulated(shared).items():
+            steps = {step for step, _ in copied}
+            if tag in out and not (kept := [point for point in out[tag] if point[0] not in steps]):
+                del out[tag]
+            elif tag in out:
+                out[tag] = kept
     return out
 
 

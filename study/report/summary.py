@@ -337,6 +337,15 @@ def random_init(summary: Summary) -> bool:
     return summary.run is not None and summary.run.setting("model.model_name_or_path") in (None, "", "null")
 
 
+def baseline_setting(run: RunData) -> tuple[float, Any, str] | None:
+    """The setting (T, k, normaliser) whose step-0 validation a fine-tuning run shares with that setting's other
+    runs, keyed as `share_baselines` keys it; None for a from-scratch run (its step-0 model depends on its seed)."""
+    if run.setting("model.model_name_or_path") in (None, "", "null"):
+        return None
+    normalizer = str(run.params.get("normalizer") or run.setting("model.attention.normalizer", "softmax"))
+    return float(run.params.get("temperature", 1.0)), run.params.get("top_k"), normalizer
+
+
 def share_baselines(summaries: list[Summary]) -> list[Summary]:
     """Give every fine-tuning run without a step-0 validation the one of a run with the same attention setting (T,
     k, normaliser): the pretrained model before its first update depends on that setting and the validation set

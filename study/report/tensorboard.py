@@ -26,7 +26,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def _text_value(tag: str, markdown: str):
+def text_value(tag: str, markdown: str):
     from tensorboard.compat.proto import types_pb2
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
@@ -54,7 +54,7 @@ def write_report_events(out: Path, summary: str, scorecard: str, figures: list[s
 
     for old in out.glob("events.out.tfevents.*"):
         old.unlink()
-    values = [_text_value(tags.REPORT_SUMMARY, summary), _text_value(tags.REPORT_SCORECARD, scorecard)]
+    values = [text_value(tags.REPORT_SUMMARY, summary), text_value(tags.REPORT_SCORECARD, scorecard)]
     order = [name for name in KEY_FIGURES if name in figures] + [name for name in figures if name not in KEY_FIGURES]
     for i, name in enumerate(order):  # a numbered tag keeps the key figures first in the Images tab
         values.append(_image_value(tags.report_figure(f"{i:02d}_{Path(name).stem}"), (out / name).read_bytes()))

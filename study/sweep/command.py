@@ -196,6 +196,24 @@ def divergences(plan: Plan, states: list[str]) -> str:
     return "; diverged: " + ", ".join(p for p in parts if p)
 
 
+def tensorboard_additions(plan: Plan) -> str:
+    """What TensorBoard shows beside the runs once they are done: each setting's step-0 validation shared into its
+    runs that did not measure it (`shared_baseline`) and the main arm's mean over seeds per T (`seed_means`); the
+    report reads neither. Returns "" or the closing line's note of why they were not written (a full disk)."""
+    from study.report.read import read_scalars
+    from study.sweep.seed_means import write_seed_means
+    from study.sweep.shared_baseline import share_step0_validation
+
+    states = {r.name: (read_status(r.dir) or {}).get("state", "missing") for r in plan.runs}
+    try:
+        scalars = {r.name: read_scalars(r.dir) for r in plan.runs if states[r.name] in FINAL_STATES}
+        share_step0_validation(plan.runs, states, scalars)
+        write_seed_means(plan.sweep_dir, plan.runs, states, scalars)
+    except OSError as err:
+        return f"; TensorBoard's shared baselines and means over seeds not written ({type(err).__name__}: {err})"
+    return ""
+
+
 def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) -> int:
     """The frozen-model steps the pool did not run (`study.sweep.frozen_steps`), the report (unless other
     processes still hold runs or steps) and the sweep's closing line; the exit code."""
@@ -215,6 +233,7 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
             flush=True,
         )
         return 0
+    additions = tensorboard_additions(plan)
     report, report_failed, then = None, None, "once there is room"
     if plan.report and not args.no_report:
         from study.report import build_report
@@ -234,6 +253,7 @@ def _finish(plan: Plan, args, start: float, outcomes: dict[str, bool | None]) ->
     print(
         f"study sweep {plan.name}: {counts} in {format_seconds(time.perf_counter() - start)}"
         + divergences(plan, states)
+        + additions
         + (f"; report: {report}" if report else "")
         + (f"; report not built ({report_failed}): study report {plan.sweep_dir} {then}" if report_failed else "")
         + f"; TensorBoard: {command_line(plan.sweep_dir)}",

@@ -5,7 +5,8 @@ every run whose capture groups in ``R`` are equal one colour (TensorBoard's `gro
 captured groups). The regular expression is built from the sweep's plan (``plan.json``): the main arm (the setting
 of the plan's first run, i.e. the first value of every axis of the grid) is grouped by its temperature, so its
 seeds share their T's colour; every other setting (an SGD arm, a top-k arm, another normaliser) is one group of its
-own whatever its T, so a diverged SGD run at T = 1 never takes the colour of the T = 1 runs.
+own whatever its T, so a diverged SGD run at T = 1 never takes the colour of the T = 1 runs. The main arm's mean
+over seeds at each T (`study.sweep.seed_means`) takes its T's colour.
 
 The address is printed last, after TensorBoard's own notices (its plain ``http://localhost:6006/`` among them),
 where the eye lands. It also sets ``smoothing=0``: a sweep's runs are short (a dozen steps, one or two validation
@@ -25,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from study import tags
 from study.sweep import axes
 
 DEFAULT_SWEEP = Path("logs/default")
@@ -71,7 +73,10 @@ def run_color_regex(runs: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
     if not settings:
         return None
     (main_middle, main_tail), others = settings[0], settings[1:]
-    alternatives = ["^" + TEMPERATURE_GROUP + re.escape(main_middle) + SEED_PATTERN + re.escape(main_tail) + "$"]
+    # The main arm's mean runs (`tags.seed_mean_run`: Mean_over_seeds/T0.1) capture their T in the same group as the
+    # main arm's runs, so each T's mean takes its runs' colour (TensorBoard's key is the list of all groups)
+    alternatives = ["^(?:" + re.escape(tags.SEED_MEAN_RUN + "/") + ")?" + TEMPERATURE_GROUP
+                    + "(?:" + re.escape(main_middle) + SEED_PATTERN + re.escape(main_tail) + ")?$"]  # fmt: skip
     # Each other setting captures its name less T and seed: its own group key, never equal to a temperature's
     alternatives += ["^T[^_]+(" + re.escape(middle) + ")" + SEED_PATTERN + "(" + re.escape(tail) + ")$"
                      for middle, tail in others]  # fmt: skip

@@ -30,7 +30,7 @@ RANGE_MEAN_DISTANCE = float(np.mean([abs(math.log10(lr / 0.03)) for lr in GRID[:
 
 def noise(seed: int, t: float, arm: str) -> float:
     """A deterministic wobble of mean 0 over the 16 seeds at each T: gives the seed-level intervals a spread."""
-    k = (seed * 7 + TEMPS.index(t) * 5 + len(arm)) % 8
+    k = (seed * 7 + TEMPS.index(t) * 5 + ("softmax", "qk_norm", "output_gate", "uniform").index(arm) * 3) % 8
     return 0.004 * (k - 3.5)
 
 

@@ -250,8 +250,8 @@ def registered_markdown(r: RegisteredReport) -> str:
         "",
         table(["design check", "passed", "measured"], check_rows),
         "",
-        ("" if r.attends else "**The model is not shown to attend**: the verdicts below describe a model that need "
-         "not use attention.\n"),
+        *([] if r.attends else ["**The model is not shown to attend**: the verdicts below describe a model that need "
+                                "not use attention.", ""]),
         f"## The registered family ({len(r.family)} tests x {r.looks} looks, alpha = {fmt(r.alpha)}, intervals at "
         f"{percent(r.level)})",
         "",

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report; required with --pool)")
     p.add_argument("--pool", nargs="+", default=None, metavar="PART_JSON",
                    help="instead of a sweep: pool the from-scratch replications' report JSONs (each a stratum) into "
-                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled)")
+                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled; parts of the Wortsman design: its registered "
+                        "family, study.report.wortsman)")
     p.add_argument("--earlier-looks", type=int, default=None, metavar="N",
                    help="with --pool: analyses of the from-scratch findings before this one (default 3; the "
                         "Wortsman design's is registered, 4)")

@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report; required with --pool)")
     p.add_argument("--pool", nargs="+", default=None, metavar="PART_JSON",
                    help="instead of a sweep: pool the from-scratch replications' report JSONs (each a stratum) into "
-                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled)")
-    p.add_argument("--earlier-looks", type=int, default=3, metavar="N",
-                   help="with --pool: analyses of the from-scratch findings before this one (default 3)")
+                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled; parts of the Wortsman design: its registered "
+                        "family, study.report.wortsman)")
+    p.add_argument("--earlier-looks", type=int, default=None, metavar="N",
+                   help="with --pool: analyses of the from-scratch findings before this one (default 3; the "
+                        "Wortsman design's is registered, 4)")
     p.add_argument("--numerics-check", default=None, metavar="OTHER_SWEEP_DIR",
                    help="the same sweep run on another numerics path (e.g. MKL_CBWR=COMPATIBLE, another thread count): "
                         "a claim whose verdict differs between the two is labelled numerically fragile")
@@ -75,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def pool_main(args: argparse.Namespace) -> int:
     """`study report --pool PART.json ... --out DIR`: the pooled from-scratch page, or one line saying why not."""
-    from study.report.pooled import PartError, write_pooled
+    from study.report.pooled import PartError
+    from study.report.wortsman import write_any_pooled
 
     if args.sweep_dir is not None or args.out is None:
         print("study report: --pool takes report JSONs and --out DIR, and no sweep folder; nothing written",
               file=sys.stderr)
         return 2
     try:
-        path = write_pooled(args.pool, args.out, earlier_looks=args.earlier_looks)
+        path = write_any_pooled(args.pool, args.out, earlier_looks=args.earlier_looks)
     except (PartError, ValueError) as err:
         print(f"study report: refused, nothing written: {err}", file=sys.stderr)
         return 2

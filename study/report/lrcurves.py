@@ -577,6 +577,20 @@ def draw_max_logit(curves: Curves, out: Path) -> str | None:
     return "Max attention logit against step: the highest stable (solid) and lowest unstable (dashed) LR per T"
 
 
+def mechanism_by_lr(curve: Curve) -> dict[str, dict[str, object]]:
+    """Per run, what the max-logit growth and the collapse-before-divergence findings read (so that the pooled page
+    can judge them from the JSON with this module's definitions): the first and last logged max logit, the
+    divergence step (`LRRun.divergence_step`), the first step the collapse alert had fired, whether it was logged."""
+    runs = sorted(curve.runs.items())
+    return {
+        "max_logit_ends_by_lr": {str(lr): [list(r.max_logit[0]), list(r.max_logit[-1])] if r.max_logit else []
+                                 for lr, r in runs},
+        "divergence_step_by_lr": {str(lr): r.divergence_step for lr, r in runs},
+        "collapse_step_by_lr": {str(lr): r.collapse_step for lr, r in runs},
+        "collapse_logged_by_lr": {str(lr): r.collapse_logged for lr, r in runs},
+    }
+
+
 SENSITIVITY_COLUMNS = ["arm", "T", "LR sensitivity", "largest stable LR per seed", "runs diverged", "runs collapsed"]
 
 
@@ -683,7 +697,8 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
                     "largest_stable_lr": c.largest_stable(), "init_loss": c.init_loss,
                     # per run, so that a later analysis (the pooled page) can recompute any curve statistic
                     "final_loss_by_lr": {str(lr): r.final_loss for lr, r in sorted(c.runs.items())},
-                    "nonfinite_by_lr": {str(lr): r.nonfinite for lr, r in sorted(c.runs.items())}}
+                    "nonfinite_by_lr": {str(lr): r.nonfinite for lr, r in sorted(c.runs.items())},
+                    **mechanism_by_lr(c)}
                    for c in curves.complete.values()],
     }
     parts = ["## Learning-rate curves (from scratch)", "", *baseline_lines(data), *lr_tables(data)]

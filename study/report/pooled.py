@@ -58,6 +58,8 @@ MIN_SEEDS = 3
 MARGIN_NAT = 0.1  # the baselines' criterion: softmax better by at least this much (lower end of the interval)
 MECHANISM_KEYS = ("3a", "3b", "4a", "4b")
 NEW_CURVE_FIELDS = ("final_loss_by_lr", "nonfinite_by_lr")
+MECHANISM_CURVE_FIELDS = ("max_logit_ends_by_lr", "divergence_step_by_lr", "collapse_step_by_lr",
+                          "collapse_logged_by_lr")  # `lrcurves.mechanism_by_lr`: optional (older parts lack them)
 SETTINGS_FIELD = ("lr_curves", "settings")  # the runs' shared settings (`lrcurves.shared_settings`)
 PREREGISTERED_EARLIER_LOOKS = 3  # docs/findings.md, "The pooled rerun": the first run and the two replications
 OUTPUT_NAMES = ("pooled.json", "pooled.md")
@@ -141,14 +143,43 @@ def _curve(entry: Any, grid: list[float], path: Path, where: str) -> Curve:
     l0 = _number(entry["init_loss"], path, f"{where}.init_loss", allow_none=True)
     finals = _by_lr(entry, "final_loss_by_lr", grid, path, where)
     nonfinite = _by_lr(entry, "nonfinite_by_lr", grid, path, where)
+    mechanism = {key: _by_lr(entry, key, grid, path, where) for key in MECHANISM_CURVE_FIELDS if key in entry}
     curve = Curve(t, entry["arm"], seed)
     for lr in grid:
         final = _number(finals[lr], path, f"{where}.final_loss_by_lr.{lr}", allow_none=True)
         if not isinstance(nonfinite[lr], bool):
             raise _fail(path, f"{where}.nonfinite_by_lr.{lr}", f"expected true or false, got {nonfinite[lr]!r}")
         curve.runs[lr] = LRRun(f"{entry['arm']} T={fmt(t)} seed {seed} lr {fmt(lr)}", t, entry["arm"], seed, lr, l0,
-                               final, nonfinite[lr])
+                               final, nonfinite[lr], **_mechanism_fields(mechanism, lr, path, where))
     return curve
+
+
+def _mechanism_fields(mechanism: dict[str, dict[float, Any]], lr: float, path: Path, where: str) -> dict[str, Any]:
+    """The run's max-logit ends and collapse and divergence steps (`lrcurves.mechanism_by_lr`), where the part
+    carries them; an older part's run has none, and reads as "collapse alert not logged"."""
+    if set(mechanism) != set(MECHANISM_CURVE_FIELDS):
+        if mechanism:
+            raise _fail(path, where, f"has {', '.join(sorted(mechanism))} but not every one of "
+                        f"{', '.join(MECHANISM_CURVE_FIELDS)}")
+        return {"collapse_logged": False}
+    ends = mechanism["max_logit_ends_by_lr"][lr]
+    if not isinstance(ends, list) or len(ends) not in (0, 2) or any(
+            not isinstance(e, list) or len(e) != 2 for e in ends):
+        raise _fail(path, f"{where}.max_logit_ends_by_lr.{lr}", f"expected [] or [[step, value], [step, value]], "
+                    f"got {ends!r}")
+    steps = {}
+    for key in ("divergence_step_by_lr", "collapse_step_by_lr"):
+        value = _number(mechanism[key][lr], path, f"{where}.{key}.{lr}", allow_none=True)
+        steps[key] = None if value is None else int(value)
+    logged = mechanism["collapse_logged_by_lr"][lr]
+    if not isinstance(logged, bool):
+        raise _fail(path, f"{where}.collapse_logged_by_lr.{lr}", f"expected true or false, got {logged!r}")
+    max_logit = tuple((int(_number(s, path, f"{where}.max_logit_ends_by_lr.{lr}")),
+                       _number(v, path, f"{where}.max_logit_ends_by_lr.{lr}")) for s, v in ends)
+    # `LRRun.divergence_step` returns the stop step of a diverged run with no training-loss series: the step the
+    # report computed is carried there, so that `collapse_before_divergence` reads it unchanged.
+    return {"max_logit": max_logit, "stop_step": steps["divergence_step_by_lr"],
+            "collapse_step": steps["collapse_step_by_lr"], "collapse_logged": logged}
 
 
 def read_part(path: str | Path) -> Part:
@@ -751,6 +782,12 @@ def write_pooled(paths: Sequence[str | Path], out_dir: str | Path, earlier_looks
     """Read and pool the parts, then write OUT/pooled.json and OUT/pooled.md (whole or not at all); refuses a
     symlink at either name (it would write outside OUT). Returns the markdown's path."""
     report = pool([read_part(p) for p in paths], earlier_looks)
+    return write_outputs(out_dir, json.dumps(report.as_dict(), indent=1, allow_nan=False) + "\n",
+                         pooled_markdown(report))
+
+
+def write_outputs(out_dir: str | Path, json_text: str, markdown: str) -> Path:
+    """Write OUT/pooled.json and OUT/pooled.md (whole or not at all); refuses a symlink at either name."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     targets = [out / name for name in OUTPUT_NAMES]
@@ -759,8 +796,8 @@ def write_pooled(paths: Sequence[str | Path], out_dir: str | Path, earlier_looks
             raise PartError(f"{target} is a symbolic link: refusing to write through it")
         if target.resolve().parent != out.resolve():
             raise PartError(f"{target} resolves outside {out}: refusing to write there")
-    write_text_atomically(targets[0], json.dumps(report.as_dict(), indent=1, allow_nan=False) + "\n")
-    write_text_atomically(targets[1], pooled_markdown(report))
+    write_text_atomically(targets[0], json_text)
+    write_text_atomically(targets[1], markdown)
     return targets[1]
 
 

@@ -450,13 +450,15 @@ def _check_tokenizer(model: dict[str, Any], data: dict[str, Any]) -> None:
     content (`study.trained_tokenizer`): another tokenizer, whatever its size, is refused naming both. Its own
     tokenizer ("auto", "model") is read only when a record says which one it trained with."""
     name = model.get("model_name_or_path")
-    trained = _trained_tokenizer(str(name)) if name else None
-    if trained is None:
+    if not name:
         return
     folder = _model_folder(str(name))
     choice = data.get("tokenizer", "corpus-bpe")
     if choice in ("auto", "model") and (folder is None or trained_tokenizer.read_record(folder) is None):
-        return  # the model's own tokenizer is the one it was trained with
+        return  # the model's own tokenizer is the one it was trained with: nothing read
+    trained = _trained_tokenizer(str(name))
+    if trained is None:
+        return
     used = _run_tokenizer(data, folder)
     if used is not None and (problem := trained_tokenizer.mismatch(str(name), trained, used)):
         raise BadValue("data.tokenizer", choice, problem)

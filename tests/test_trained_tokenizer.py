@@ -128,6 +128,17 @@ def test_a_folder_without_a_record_trained_with_the_tokenizer_it_holds(text_file
     preflight(config(weights_only, text_files, cache, tokenizer="corpus-bpe", vocab_size=280))
 
 
+def test_a_models_own_tokenizer_without_a_record_is_not_read(monkeypatch):
+    """The main job (SmolLM2, data.tokenizer auto) pays nothing: no tokenizer is loaded by the check."""
+    from study import trained_tokenizer
+
+    def read(tokenizer):
+        raise AssertionError("a tokenizer was read")
+
+    monkeypatch.setattr(trained_tokenizer, "tokenizer_digest", read)
+    assert check_fit_args(["--config", str(DEFAULT.parent / "smollm2.yaml")]) is None
+
+
 def test_a_hub_gpt2_trained_with_gpt2s_bpe(text_files, tmp_path):
     assert check_fit_args(["--config", str(DEFAULT.parent / "gpt2-wikitext.yaml")]) is None
     problem = check_fit_args(["--config", str(DEFAULT.parent / "gpt2-wikitext.yaml"), "--data.tokenizer=corpus-bpe",

@@ -172,6 +172,16 @@ class TextDataModule(L.LightningDataModule):
             return (source, file_identity(sorted(str(p) for p in Path(source).glob("tokenizer*"))))
         return source
 
+    def _bpe_folder(self) -> Path:
+        """The cache folder of the corpus BPE ("corpus-bpe"): keyed by its size and the training text."""
+        return self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{cache_fingerprint(self._identity())}"
+
+    def tokenizer_origin(self) -> str:
+        """Where the tokenizer is read from, as a record names it: a folder (the corpus BPE's cache folder, a
+        model's or a tokenizer's), 'gpt2' or a hub model name."""
+        source = self._tokenizer_source()
+        return str(self._bpe_folder()) if source == "corpus-bpe" else source
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -188,7 +198,7 @@ class TextDataModule(L.LightningDataModule):
             if len(tokenizer) <= 256:
                 raise OSError(f"the tokenizer of {name!r} could not be loaded (no hub access?)")
             return tokenizer
-        target = self.cache_dir / f"tokenizer-bpe{self.hparams.vocab_size}-{cache_fingerprint(self._identity())}"
+        target = self._bpe_folder()
         if not cached(target):
 
             def train(folder: Path) -> None:

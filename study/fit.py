@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 from typing_extensions import override
 
 from study import data as data_module
-from study import fit_help, memory, provenance, tags
+from study import fit_help, memory, provenance, tags, trained_tokenizer
 from study import model as model_module
 from study.atomic import create_folder_exclusively
 from study.callbacks.nonfinite import NonFiniteGuard
@@ -410,6 +410,60 @@ def _model_folder(name: str) -> Path | None:
     return path if path.is_dir() else None
 
 
+def _trained_tokenizer(name: str) -> tuple[str, str] | None:
+    """(digest, where) of the tokenizer the model ``name`` was trained with (`study.trained_tokenizer`): a model
+    folder's record or its own saved tokenizer, GPT-2's BPE for a hub GPT-2; None when unknown without building
+    anything (another hub name, an embedded model not yet materialised, a folder with neither)."""
+    folder = _model_folder(name)
+    if folder is not None:
+        return trained_tokenizer.trained_with(folder)
+    if name.removeprefix("openai-community/") in data_module.GPT2_NAMES and not Path(name).exists():
+        return trained_tokenizer.named_tokenizer_digest("gpt2"), f"GPT-2's BPE, the tokenizer of hub model {name}"
+    return None
+
+
+def _run_tokenizer(data: dict[str, Any], own: Path | None) -> tuple[str, str] | None:
+    """(digest, where) of the tokenizer a run's data will use: ``own`` (the model folder's, for "auto" and
+    "model"), a tokenizer folder, GPT-2's BPE, or the corpus BPE (trained into its cache now, as the run would
+    first thing); None when it cannot be read here (the data module then names why)."""
+    choice = data.get("tokenizer", "corpus-bpe")
+    source = own if choice in ("auto", "model") else choice
+    if source is None:
+        return None
+    if Path(source).is_dir():
+        digest = trained_tokenizer.saved_tokenizer_digest(source)
+        return (digest, f"the tokenizer saved in {source}") if digest is not None else None
+    if source == "gpt2":
+        return trained_tokenizer.named_tokenizer_digest("gpt2"), "gpt2, GPT-2's BPE"
+    if source != "corpus-bpe":
+        return None
+    accepted = inspect.signature(TextDataModule).parameters
+    try:
+        built = TextDataModule(**{k: v for k, v in data.items() if k in accepted})
+        return trained_tokenizer.tokenizer_digest(built.tokenizer), f"the corpus BPE {built.tokenizer_origin()}"
+    except (OSError, ValueError):
+        return None
+
+
+def _check_tokenizer(model: dict[str, Any], data: dict[str, Any]) -> None:
+    """A model loaded from a folder or by name trains on the ids of the tokenizer it was trained with, compared by
+    content (`study.trained_tokenizer`): another tokenizer, whatever its size, is refused naming both. Its own
+    tokenizer ("auto", "model") is read only when a record says which one it trained with."""
+    name = model.get("model_name_or_path")
+    if not name:
+        return
+    folder = _model_folder(str(name))
+    choice = data.get("tokenizer", "corpus-bpe")
+    if choice in ("auto", "model") and (folder is None or trained_tokenizer.read_record(folder) is None):
+        return  # the model's own tokenizer is the one it was trained with: nothing read
+    trained = _trained_tokenizer(str(name))
+    if trained is None:
+        return
+    used = _run_tokenizer(data, folder)
+    if used is not None and (problem := trained_tokenizer.mismatch(str(name), trained, used)):
+        raise BadValue("data.tokenizer", choice, problem)
+
+
 def _check_steps(key: str, value: Any) -> int:
     """`trainer.max_steps`: -1 (no limit) or a positive number of steps."""
     if isinstance(value, int) and not isinstance(value, bool) and value == -1:
@@ -522,7 +576,8 @@ def preflight(config: Any) -> None:
     attention spec, each study callback built from its arguments); the rules that join values of several sections
     are here: warm-up, validation interval and monitor periods within the steps, top-k and selection k within the
     block, layers and heads within the model (from its arguments or config.json, never its weights), the block
-    within the model's context, a batch the training text can fill. `study fit` runs it before building; `study
+    within the model's context, a batch the training text can fill, the tokenizer the model was trained with
+    (`study.trained_tokenizer`). `study fit` runs it before building; `study
     sweep` runs it (through `check_fit_args`) for every run of its plan before the first one starts.
     """
     config = config or {}
@@ -561,6 +616,7 @@ def preflight(config: Any) -> None:
             raise BadValue("data.batch_size", data["batch_size"], f"must be <= the at most {most} training blocks "
                                                                   f"of {block} tokens the training text gives")
     _check_callbacks(trainer.get("callbacks"), shape, data)
+    _check_tokenizer(model, data)  # last: it may read a tokenizer, or train the corpus BPE as the run would
 
 
 def _parser_kwargs() -> dict:

@@ -323,3 +323,136 @@ def test_without_report_to_tensorboard_the_tags_go_to_log_dir(tmp_path: Path) ->
     acc.Reload()
     assert [e.step for e in acc.Scalars("attention/entropy/mean")] == [0, 1]
     assert not (tmp_path / "out" / "runs").exists()
+
+
+# ---- resuming from a checkpoint (issue 52, N10) ----------------------------------------------------------------
+RESUMED_STEPS = 6
+# The Trainer's wall-clock tags (eval/runtime, .../samples_per_second) differ between any two runs, and its mean loss
+# of one train() call is the resumed call's own steps: their steps are compared, not their values
+def _timed(tag: str) -> bool:
+    return tag.endswith(("runtime", "_per_second")) or tag == "train/train_loss"
+
+
+
+class Killed(Exception):
+    """A planted interruption."""
+
+
+def _checkpointing_trainer(output: Path, kill_at: int | None = None) -> Trainer:
+    from transformers import TrainerCallback
+
+    args = TrainingArguments(
+        output_dir=str(output), report_to="tensorboard", use_cpu=True, max_steps=RESUMED_STEPS, learning_rate=LR,
+        optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+        per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH, train_sampling_strategy="sequential",
+        eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2, logging_steps=1, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+    class KillAt(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == kill_at:
+                raise Killed(f"killed at step {kill_at}")
+
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Samples(BATCH * RESUMED_STEPS, seed=1),
+                      eval_dataset=Samples(2 * BATCH, seed=2), callbacks=[KillAt()] if kill_at is not None else [])
+    TrainerMonitors(monitors()).attach(trainer)
+    return trainer
+
+
+def _read_run(output: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[int]]]:
+    """Every scalar (step, value) and histogram step of the run's one TensorBoard folder, as TensorBoard reads it
+    (purges applied, duplicates kept)."""
+    (folder,) = (output / "runs").iterdir()
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return ({tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]},
+            {tag: [e.step for e in acc.Histograms(tag)] for tag in acc.Tags()["histograms"]})
+
+
+@pytest.mark.slow
+def test_a_fit_resumed_from_a_checkpoint_logs_the_uninterrupted_run_once_a_step(tmp_path: Path) -> None:
+    """Killed after checkpoint-4 (its step-4 monitor values and step-5 loss already logged), resumed from the last
+    checkpoint by a new Trainer: every tag, step and value is the uninterrupted run's, each step once; the
+    Jacobian's row sampler continues from the checkpoint."""
+    from transformers.integrations import TensorBoardCallback
+
+    from study.callbacks.hf_trainer import STATE_FILE
+
+    _checkpointing_trainer(tmp_path / "whole").train()
+    whole, whole_histograms = _read_run(tmp_path / "whole")
+
+    killed = _checkpointing_trainer(tmp_path / "resumed", kill_at=5)
+    with pytest.raises(Killed):
+        killed.train()
+    for callback in killed.callback_handler.callbacks:  # what the process's end would do
+        if isinstance(callback, TensorBoardCallback):
+            callback.tb_writer.close()
+    before, _ = _read_run(tmp_path / "resumed")
+    assert 4 in dict(before["attention/entropy/mean"]) and 5 in dict(before["train/loss"])  # logged after the save
+    assert (tmp_path / "resumed" / "checkpoint-4" / STATE_FILE).is_file()
+
+    _checkpointing_trainer(tmp_path / "resumed").train(resume_from_checkpoint=True)
+    resumed, resumed_histograms = _read_run(tmp_path / "resumed")
+    assert len(list((tmp_path / "resumed" / "runs").iterdir())) == 1  # the interrupted fit's folder, written again
+    assert "attention/jacobian/mean" in whole and "val/attention/entropy/mean" in whole
+    assert set(resumed) == set(whole)
+    for tag in sorted(whole):
+        steps = [s for s, _ in resumed[tag]]
+        assert steps == [s for s, _ in whole[tag]], tag  # no step added, none lost
+        # each step once; the Trainer itself logs `epoch` twice at an evaluation step, in its training log and in
+        # its evaluation's, in any run
+        assert steps == sorted(set(steps)) or tag == "train/epoch", (tag, steps)
+        if not _timed(tag):
+                assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in whole[tag]], rel=1e-6, abs=1e-9), tag
+    assert resumed_histograms == whole_histograms
+
+
+def test_the_monitors_state_is_saved_in_the_checkpoint_and_restored_before_they_start(tmp_path: Path) -> None:
+    """on_save writes each monitor's state_dict (the Jacobian's row sampler, the counters) into checkpoint-N, read
+    back as data only; the resumed fit's monitors get it before on_fit_start, and other monitors are refused."""
+    from transformers import TrainerControl, TrainerState
+
+    from study.callbacks.hf_trainer import STATE_FILE
+
+    class Stub:  # the Trainer attributes the adapter reads, without building one
+        args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, max_grad_norm=0.0)
+        callback_handler = type("Handler", (), {"callbacks": []})()
+        model = torch.nn.Linear(1, 1)
+        state, control = TrainerState(), TrainerControl()
+
+        def add_callback(self, callback):
+            pass
+
+        def train(self, resume_from_checkpoint=None):
+            pass
+
+        evaluate = train
+
+        def is_world_process_zero(self):
+            return True
+
+    jacobian = AttentionJacobianMonitor(every_n_steps=2, rows=4, seed=3)
+    jacobian._generator.manual_seed(11)
+    torch.rand(5, generator=jacobian._generator)  # a sampler part way through the run
+    jacobian.train_logs = 7
+    adapter = TrainerMonitors([jacobian], log_dir=str(tmp_path / "tb")).attach(Stub())
+    state = TrainerState(global_step=4)
+    (tmp_path / "checkpoint-4").mkdir()
+    state.save_to_json(str(tmp_path / "checkpoint-4" / "trainer_state.json"))
+    adapter._batch_idx = 4
+    adapter.on_save(Stub.args, state, TrainerControl())
+    saved = torch.load(tmp_path / "checkpoint-4" / STATE_FILE, weights_only=True)
+    assert saved["batch_idx"] == 4 and saved["log_dir"] == str(tmp_path / "tb")
+
+    fresh = AttentionJacobianMonitor(every_n_steps=2, rows=4, seed=3)
+    resumed = TrainerMonitors([fresh], log_dir=str(tmp_path / "tb")).attach(Stub())
+    resumed.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    resumed.on_train_begin(Stub.args, state, TrainerControl())
+    assert fresh.train_logs == 7 and resumed._batch_idx == 4
+    assert torch.equal(fresh._generator.get_state(), jacobian._generator.get_state())  # restored at on_fit_start
+    assert torch.equal(torch.rand(3, generator=fresh._generator), torch.rand(3, generator=jacobian._generator))
+    other = TrainerMonitors([AttentionEntropyMonitor()], log_dir=str(tmp_path / "tb")).attach(Stub())
+    other.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    with pytest.raises(ValueError, match="resume with the same monitors"):
+        other.on_train_begin(Stub.args, state, TrainerControl())

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "study.data": 3,
     "study.provenance": 3,
     "study.model": 3,
+    "study.trained_tokenizer": 3,
     "study.fit": 4,
     "study.frozen": 4,
     "study.report": 5,

@@ -39,23 +39,43 @@ Without that callback, ``log_dir`` names a folder for a writer of the adapter's 
 Under several processes every rank taps and reduces (sums and maxima through ``torch.distributed``), rank 0
 writes, as under Lightning's DDP.
 
+Resuming (``trainer.train(resume_from_checkpoint=...)``) goes as under Lightning: each ``checkpoint-N`` the
+Trainer saves also holds `STATE_FILE`, the monitors' own state (their `state_dict`: counters, the Jacobian's row
+sampler) and the TensorBoard folder; a resumed fit restores the monitors from it before they start (their
+`load_state_dict`, before ``on_fit_start``, where Lightning restores callbacks), writes into that folder again and
+purges what an interrupted attempt logged after the checkpoint's step, as Lightning's logger does with
+``SummaryWriter(purge_step=...)``. TensorBoard purges by step, every tag at once, and at step N the Trainer has
+logged its loss and evaluation before writing ``checkpoint-N`` while the monitors log the next window's training
+values (opened at step N) after it: so the resumed writer purges from step N + 1 and writes nothing at or before
+step N that the folder already holds. Every tag then has one value a step, those of the uninterrupted run.
+
 Not supported (refused by `TrainerMonitors` with the reason): callbacks that drive Lightning's own loops or its
-LightningModule (`UNSUPPORTED`). The monitors' counters are not saved in the Trainer's checkpoints.
+LightningModule (`UNSUPPORTED`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+from tensorboard.compat.proto.summary_pb2 import Summary
+from torch.utils.tensorboard import SummaryWriter
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from typing_extensions import override
 
+from study.atomic import write_atomically
 from study.callbacks.base import write_summary
+
+STATE_FILE = "study_monitors.pt"  # in each checkpoint-N: the monitors' state and the TensorBoard folder
 
 # Callbacks that need Lightning's loops or its LightningModule, by class name, with why.
 UNSUPPORTED = {
@@ -122,6 +142,54 @@ class _TensorBoard:
 
     def save(self) -> None:
         self._adapter.writer().flush()
+
+
+def written_up_to(log_dir: str, step: int) -> set[tuple[str, int]]:
+    """(tag, step) of everything a TensorBoard folder holds at or before ``step`` (scalars, histograms, images,
+    text and other tensors), as TensorBoard reads it (earlier purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not Path(log_dir).is_dir():
+        return set()
+    kinds = ("scalars", "histograms", "images", "tensors")
+    accumulator = EventAccumulator(log_dir, size_guidance=dict.fromkeys(kinds, 0))
+    accumulator.Reload()
+    read = {"scalars": accumulator.Scalars, "histograms": accumulator.Histograms, "images": accumulator.Images,
+            "tensors": accumulator.Tensors}
+    return {(tag, event.step) for kind in kinds for tag in accumulator.Tags().get(kind, [])
+            for event in read[kind](tag) if event.step <= step}
+
+
+class _SkipWritten:
+    """A `FileWriter` that leaves out of each summary the (tag, step) already in the folder."""
+
+    def __init__(self, inner: Any, written: set[tuple[str, int]]) -> None:
+        self._inner, self._written = inner, written
+
+    def add_summary(self, summary: Summary, global_step: int | None = None, walltime: float | None = None) -> None:
+        step = 0 if global_step is None else int(global_step)
+        kept = [value for value in summary.value if (value.tag, step) not in self._written]
+        if len(kept) < len(summary.value):
+            if not kept:
+                return
+            summary = Summary(value=kept)
+        self._inner.add_summary(summary, global_step, walltime)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ResumedWriter(SummaryWriter):
+    """The `SummaryWriter` of a fit resumed from the checkpoint of ``step``: it purges what was logged after
+    ``step`` (``purge_step=step + 1``) and writes no (tag, step) up to ``step`` that the folder already holds."""
+
+    def __init__(self, log_dir: str, step: int) -> None:
+        self._written = written_up_to(log_dir, step)  # before the purge this writer's file starts with
+        super().__init__(log_dir=log_dir, purge_step=step + 1)
+
+    @override
+    def _get_file_writer(self) -> Any:
+        return _SkipWritten(super()._get_file_writer(), self._written)
 
 
 class TrainerView:
@@ -232,6 +300,7 @@ class TrainerMonitors(TrainerCallback):
         self._hook: Any = None
         self._wrapped: dict[str, Any] = {}
         self._evaluating = 0
+        self._restore: dict[str, Any] | None = None  # the monitors' state of the checkpoint a fit resumes from
 
     # ----- wiring ------------------------------------------------------------------------------------------
 
@@ -261,6 +330,8 @@ class TrainerMonitors(TrainerCallback):
 
         @functools.wraps(method)
         def watched(*args: Any, **kwargs: Any) -> Any:
+            if not evaluating:
+                self._resume_from(kwargs.get("resume_from_checkpoint", args[0] if args else None))
             self._evaluating += evaluating
             try:
                 return method(*args, **kwargs)
@@ -276,6 +347,43 @@ class TrainerMonitors(TrainerCallback):
 
         return watched
 
+    def _resume_from(self, checkpoint: str | bool | None) -> None:
+        """Before ``train(resume_from_checkpoint=checkpoint)``: the monitors' state to restore at its start, and on
+        rank zero the writer that purges what came after the checkpoint's step (`ResumedWriter`), in the folder the
+        interrupted fit wrote to. Must run before the Trainer's own TensorBoard callback opens a writer."""
+        self._restore = None
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.trainer.args.output_dir)
+        if not checkpoint or not Path(checkpoint, "trainer_state.json").is_file():
+            return  # a fresh fit, or a checkpoint the Trainer itself refuses
+        step = int(json.loads(Path(checkpoint, "trainer_state.json").read_text())["global_step"])
+        saved = Path(checkpoint, STATE_FILE)
+        if saved.is_file():
+            self._restore = torch.load(saved, map_location="cpu", weights_only=True)  # data only, never code
+        else:
+            warnings.warn(f"{checkpoint} holds no {STATE_FILE} (saved without TrainerMonitors): the monitors start "
+                          "afresh, and a sampling monitor draws other rows than the uninterrupted run", stacklevel=3)
+        if not self.trainer.is_world_process_zero():
+            return
+        tb = self._hf_tensorboard
+        recorded = (self._restore or {}).get("log_dir")
+        folder = (tb.logging_dir if tb is not None else self.log_dir) or recorded
+        if folder is None:  # the Trainer picks a new folder: nothing there to purge
+            return
+        writer = ResumedWriter(folder, step)
+        if tb is not None:
+            if tb.tb_writer is not None:  # the interrupted fit's, in this process
+                tb.tb_writer.close()
+            tb.logging_dir, tb.tb_writer = folder, writer
+        elif self._writer is not None:
+            self._writer.close()
+        self._writer = writer
+
+    def _log_dir(self) -> str | None:
+        tb = self._hf_tensorboard
+        folder = tb.logging_dir if tb is not None else self.log_dir
+        return os.path.abspath(folder) if folder else None
+
     def writer(self) -> Any:
         """The Trainer's SummaryWriter when it has one open, else the last one seen (a closed torch
         SummaryWriter reopens a file in its folder), else one of the adapter's own on ``log_dir``."""
@@ -283,8 +391,6 @@ class TrainerMonitors(TrainerCallback):
         if tb is not None and tb.tb_writer is not None:
             self._writer = tb.tb_writer
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
             folder = self.log_dir if tb is None else (tb.logging_dir or self.log_dir)
             if folder is None:
                 raise RuntimeError("the Trainer's TensorBoard writer is not open yet and no log_dir was given")
@@ -324,6 +430,9 @@ class TrainerMonitors(TrainerCallback):
                                  "in ways the adapter cannot take over; set max_grad_norm=0 to log gradient norms")
             self._clip, args.max_grad_norm = float(args.max_grad_norm), 0.0
         self._batch_idx = 0
+        if self._restore is not None:
+            self._load_state(self._restore)
+            self._restore = None
         self._call("setup", view, "fit")
         self._call("on_fit_start", view)
         self._call("on_train_start", view)
@@ -372,6 +481,28 @@ class TrainerMonitors(TrainerCallback):
                 # after the Trainer closed its writer: close what the monitors reopened
                 self._writer.close()
 
+    # ----- checkpoints -------------------------------------------------------------------------------------
+
+    def _load_state(self, saved: dict[str, Any]) -> None:
+        """Each monitor's state from a checkpoint of the same monitors, in the same order."""
+        keys = [entry["state_key"] for entry in saved["monitors"]]
+        if keys != [monitor.state_key for monitor in self.monitors]:
+            raise ValueError(f"the checkpoint's {STATE_FILE} holds the state of the monitors {keys}, this fit has "
+                             f"{[monitor.state_key for monitor in self.monitors]}: resume with the same monitors")
+        for monitor, entry in zip(self.monitors, saved["monitors"]):
+            monitor.load_state_dict(entry["state"])
+        self._batch_idx = int(saved["batch_idx"])
+
+    @override
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any):
+        """The monitors' state into the checkpoint the Trainer has just written (rank zero's, as Lightning keeps)."""
+        folder = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if not state.is_world_process_zero or not folder.is_dir():
+            return
+        record = {"monitors": [{"state_key": m.state_key, "state": m.state_dict()} for m in self.monitors],
+                  "batch_idx": self._batch_idx, "log_dir": self._log_dir()}
+        write_atomically(folder / STATE_FILE, lambda f: torch.save(record, f))
+
     # ----- evaluation --------------------------------------------------------------------------------------
 
     def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -414,4 +545,4 @@ class TrainerMonitors(TrainerCallback):
             self.trainer, self._wrapped = None, {}
 
 
-__all__ = ["UNSUPPORTED", "TrainerMonitors", "TrainerView"]
+__all__ = ["STATE_FILE", "UNSUPPORTED", "ResumedWriter", "TrainerMonitors", "TrainerView", "written_up_to"]

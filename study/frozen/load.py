@@ -128,6 +128,17 @@ def checkpoint_tokenizer(ckpt: Path, hparams: dict):
     return None
 
 
+def _check_trained_tokenizer(name: str, folder: Path, tok: Any, tokenizer: str) -> None:
+    """``--tokenizer`` on a model folder: refused unless it is the tokenizer the model was trained with (its record,
+    else the tokenizer saved in it; `study.trained_tokenizer`), compared by content."""
+    from study.trained_tokenizer import mismatch, tokenizer_digest, trained_with
+
+    trained = trained_with(folder)
+    where = "gpt2, GPT-2's BPE" if tokenizer == "gpt2" else f"the tokenizer saved in {tokenizer}"
+    if trained is not None and (problem := mismatch(name, trained, (tokenizer_digest(tok), where), "no --tokenizer")):
+        raise ConfigError(f"--tokenizer {tokenizer}: {problem}")
+
+
 @dataclass
 class FrozenModel:
     model: Any  # a transformers causal LM in eval mode
@@ -187,6 +198,8 @@ def load_frozen(name: str, tokenizer: str | None = None, dtype: torch.dtype | No
                 tok = AutoTokenizer.from_pretrained(folder)
         else:
             tok = load_tokenizer(folder)
+        if tokenizer is not None and Path(folder).is_dir():
+            _check_trained_tokenizer(name, Path(folder), tok, tokenizer)
     if len(tok) <= 1:
         raise ConfigError(f"the tokenizer for {name} is empty (offline hub?); pass --tokenizer")
     embed = model.get_input_embeddings().num_embeddings

@@ -316,10 +316,13 @@ def _outcome(cli, guard, is_pretrain: bool, run: Run) -> dict[str, Any]:
         return {**out, "state": "failed", "reason": untrained}
     if is_pretrain and is_rank_zero():
         from study.cachefolder import build_atomically
+        from study.trained_tokenizer import write_record
 
         def save(folder: Path) -> None:
             cli.model.model.save_pretrained(folder)
             cli.datamodule.tokenizer.save_pretrained(folder)
+            # the tokenizer it trained with, by content: a run that fine-tunes it on another one is refused
+            write_record(folder, cli.datamodule.tokenizer, cli.datamodule.tokenizer_origin())
 
         # built aside, with checksums, renamed into place: every run that trains from it checks it first
         build_atomically(save, run.dir / "hf")

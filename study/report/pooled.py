@@ -631,6 +631,21 @@ def _interval(i: dict | Interval | MetaEstimate | None) -> str:
     return f"{fmt(get('estimate'))} [{fmt(get('lo'))}, {fmt(get('hi'))}]"
 
 
+def margin_lines(baselines: Sequence[BaselineMargin], no_stable_seeds: Sequence[str], note: str) -> list[str]:
+    """The baseline margins' definition, table and the seeds left out of them: the design check that the model
+    attends, as every pooled page prints it (``note`` says what the margin's sign or pairing means there)."""
+    rows = [[b.baseline, str(b.n), _interval(b.interval), b.criterion] for b in baselines]
+    return [
+        f"Margin = baseline loss - softmax's best stable held-out loss at T = 1 ({note}); criterion: the interval's "
+        f"lower end >= {MARGIN_NAT} nat.",
+        "",
+        table(["baseline", "n seeds", "mean margin [95%]", f">= {MARGIN_NAT} nat"], rows),
+        "",
+        ("Seeds with no stable run at T = 1 (in no margin): " + ", ".join(no_stable_seeds) + "."
+         if no_stable_seeds else "Every seed has a stable run at T = 1 in each arm."),
+    ]
+
+
 def _grid_text(lrs: Sequence[float]) -> str:
     return f"{fmt(lrs[0])} ... {fmt(lrs[-1])}" if lrs else "-"
 
@@ -708,7 +723,6 @@ def pooled_markdown(r: PooledReport) -> str:
     pooled_rows.append(["2", "stratified sign test", f"{f2.lower} lower / {f2.tied} tied / {f2.higher} higher",
                         str(f2.lower + f2.tied + f2.higher), f"p = {fmt(f2.p)} (one-sided)", f2.verdict])
     deciding = ", ".join(f"{k} in {n} seed{'s' if n != 1 else ''}" for k, n in f2.deciding.items()) or "none"
-    baseline_rows = [[b.baseline, str(b.n), _interval(b.interval), b.criterion] for b in r.baselines]
     labels = {k: k for k in MECHANISM_KEYS}
     mech_rows = [[m["part"], *(f"{m[k]['verdict']}: {m[k]['value']}" if k in m else "not in this part"
                                for k in MECHANISM_KEYS)] for m in r.mechanism]
@@ -746,13 +760,7 @@ def pooled_markdown(r: PooledReport) -> str:
         "",
         "## Baselines: does the model attend? (design check, outside the family, 95%)",
         "",
-        f"Margin = baseline loss - softmax's best stable held-out loss at T = 1 (nat; positive: softmax better); "
-        f"criterion: the interval's lower end >= {MARGIN_NAT} nat.",
-        "",
-        table(["baseline", "n seeds", "mean margin [95%]", f">= {MARGIN_NAT} nat"], baseline_rows),
-        "",
-        ("Seeds with no stable run at T = 1 (in no margin): " + ", ".join(r.no_stable_seeds) + "."
-         if r.no_stable_seeds else "Every seed has a stable run at T = 1 in each arm."),
+        *margin_lines(r.baselines, r.no_stable_seeds, "nat; positive: softmax better"),
         "",
         "Each seed's best loss is its lowest final held-out loss over the LR grid among its stable runs (a diverged "
         "run has no loss to compare), the same choice in the softmax and the uniform arm; against the n-gram "

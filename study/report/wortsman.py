@@ -42,6 +42,7 @@ from study.report.pooled import (
     PartError,
     baseline_margins,
     check_parts,
+    margin_lines,
     read_part,
     restricted,
     stable_lr_finding,
@@ -223,7 +224,6 @@ def opening(r: RegisteredReport) -> str:
 
 
 def registered_markdown(r: RegisteredReport) -> str:
-    baseline_rows = [[b.baseline, str(b.n), str(b.interval) if b.interval else "-", b.criterion] for b in r.baselines]
     check_rows = [[c["statement"], "yes" if c["passed"] else "NO", c["detail"]] for c in r.design_checks]
     finding_rows = [[f["key"], f["claim"], f["statistic"], f["value"], f["verdict"], f["rule"], f["power"]]
                     for f in r.findings]
@@ -240,13 +240,7 @@ def registered_markdown(r: RegisteredReport) -> str:
         "",
         "## Design checks (outside the family, 95%), read before any finding",
         "",
-        f"Margin = baseline loss - softmax's best stable held-out loss at T = 1 (nat; uniform attention paired by "
-        f"seed); criterion: the interval's lower end >= {MARGIN_NAT} nat.",
-        "",
-        table(["baseline", "n seeds", "mean margin [95%]", f">= {MARGIN_NAT} nat"], baseline_rows),
-        "",
-        ("Seeds with no stable run at T = 1 (in no margin): " + ", ".join(r.no_stable_seeds) + "."
-         if r.no_stable_seeds else "Every seed has a stable run at T = 1 in each arm."),
+        *margin_lines(r.baselines, r.no_stable_seeds, "nat; uniform attention paired by seed"),
         "",
         table(["design check", "passed", "measured"], check_rows),
         "",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from study import tags
 from study.report.read import SHARED_BASELINE_SUFFIX, read_scalars
 from study.sweep import main
 from study.sweep.seed_means import CATEGORY
+from tests.tensorboard_reads import as_tensorboard_reads, merged_layout
 from tests.test_sweep import write_spec
 
 MAX_STEPS = 7  # the gradient monitor measures every 5 steps: 0 and 5, and the last step, 6
@@ -83,27 +83,3 @@ def test_quick_like_sweep_event_files(tmp_path):
     means = as_tensorboard_reads(sweep / tags.seed_mean_run("T0.1"))
     assert [step for step, _ in means[tags.seed_mean(tags.LOG10[tags.VAL_PPL], "mean")]] == [0, MAX_STEPS]
 
-
-def as_tensorboard_reads(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run folder as TensorBoard loads it (every event file, in its order)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def merged_layout(sweep: Path) -> dict:
-    """The Custom Scalars layout TensorBoard's plugin serves for a folder of runs (every run's layout, merged)."""
-    from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
-
-    multiplexer = plugin_event_multiplexer.EventMultiplexer()
-    multiplexer.AddRunsFromDirectory(str(sweep))
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, str(sweep))
-    plugin = CustomScalarsPlugin(base_plugin.TBContext(logdir=str(sweep), multiplexer=multiplexer,
-                                                       data_provider=provider))  # fmt: skip
-    return json.loads(plugin.layout_impl(context.RequestContext(), ""))

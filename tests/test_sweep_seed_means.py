@@ -15,6 +15,7 @@ from study import tags
 from study.report.read import read_scalars
 from study.sweep.config import Run
 from study.sweep.seed_means import CATEGORY, CHARTS, step_mean, write_seed_means
+from tests.tensorboard_reads import merged_layout
 
 GRAD = tags.LOG10_GRAD_QK
 
@@ -78,10 +79,6 @@ def test_the_mean_run_per_T_holds_the_main_arms_mean_and_band(tmp_path):
 def test_the_means_category_comes_first_in_tensorboards_merged_layout(tmp_path):
     """TensorBoard's Custom Scalars plugin merges the layouts of every run in run-name order: the mean runs' folder
     sorts before the runs, so their category leads; its margin charts point at the mean runs' tags."""
-    from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
     from torch.utils.tensorboard import SummaryWriter
 
     runs = _runs(tmp_path)
@@ -91,13 +88,7 @@ def test_the_means_category_comes_first_in_tensorboards_merged_layout(tmp_path):
         writer.close()
     scalars = {run.name: read_scalars(run.dir) for run in runs}
     write_seed_means(tmp_path, runs, dict.fromkeys(scalars, "finished"), scalars)
-    multiplexer = plugin_event_multiplexer.EventMultiplexer()
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
-    plugin = CustomScalarsPlugin(base_plugin.TBContext(logdir=str(tmp_path), multiplexer=multiplexer,
-                                                       data_provider=provider))  # fmt: skip
-    layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
+    layout = merged_layout(tmp_path)
     assert [c["title"] for c in layout["category"]] == [CATEGORY, "run summary"]
     margins = [chart["margin"]["series"][0] for chart in layout["category"][0]["chart"]]
     assert [m["value"] for m in margins] == [tags.seed_mean(tag, "mean") for tag in CHARTS]

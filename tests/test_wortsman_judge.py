@@ -180,7 +180,8 @@ def test_per_seed_slope_is_the_least_squares_fit_over_three_temperatures(tmp_pat
 
 def test_design_checks_come_first_and_a_failed_margin_says_not_shown_to_attend(tmp_path):
     out = tmp_path / "out"
-    assert cli.main(["report", "--pool", *map(str, parts(tmp_path, design())), "--out", str(out)]) == 0
+    assert cli.main(["report", "--pool", *map(str, parts(tmp_path, design())), "--out", str(out), "--design",
+                     "wortsman"]) == 0
     page = (out / "pooled.md").read_text()
     data = json.loads((out / "pooled.json").read_text())
     assert data["design"] == "wortsman" and data["attends"] and "shown to attend" in data["opening"]
@@ -193,7 +194,7 @@ def test_design_checks_come_first_and_a_failed_margin_says_not_shown_to_attend(t
     (tmp_path / "b").mkdir()
     weak = parts(tmp_path / "b", design(), baselines={"unigram": 5.1, "bigram": 4.05})  # bigram within 0.1 nat
     out2 = tmp_path / "out2"
-    assert cli.main(["report", "--pool", *map(str, weak), "--out", str(out2)]) == 0
+    assert cli.main(["report", "--pool", *map(str, weak), "--out", str(out2), "--design", "wortsman"]) == 0
     data = json.loads((out2 / "pooled.json").read_text())
     assert not data["attends"] and [b["criterion"] for b in data["baselines"]] == ["met", "not met", "met"]
     assert "not met against bigram: the model is not shown to attend" in data["opening"]
@@ -202,8 +203,11 @@ def test_design_checks_come_first_and_a_failed_margin_says_not_shown_to_attend(t
 
 def test_refusals_name_the_problem(tmp_path, capsys):
     paths = parts(tmp_path, design())
-    assert cli.main(["report", "--pool", *map(str, paths), "--out", str(tmp_path / "o"), "--earlier-looks", "3"]) == 2
+    assert cli.main(["report", "--pool", *map(str, paths), "--out", str(tmp_path / "o"), "--earlier-looks", "3",
+                     "--design", "wortsman"]) == 2
     assert "registered 4 earlier looks" in capsys.readouterr().err
+    assert cli.main(["report", "--pool", *map(str, paths), "--out", str(tmp_path / "o")]) == 2  # not by the old family
+    assert "pool them with --design wortsman" in capsys.readouterr().err and not (tmp_path / "o").exists()
     missing = [c for c in design() if not (c["arm"] == "qk_norm" and c["temperature"] == 0.1)]
     (tmp_path / "m").mkdir()
     with pytest.raises(PartError, match=r"part-01\.json: .*qk_norm arm at T in \[0\.03, 0\.1, 1\.0\], this part has "
@@ -248,3 +252,11 @@ def test_the_runs_mechanism_fields_round_trip_through_the_report_json():
             r.diverged, r.divergence_step, r.collapse_step, r.collapse_before_divergence)
         assert lrcurves.logit_growth(b) == pytest.approx(lrcurves.logit_growth(r)) == pytest.approx(2.0)
     assert back.runs[1.0].divergence_step == 300 and back.runs[1.0].collapse_before_divergence
+
+
+def test_parts_with_a_gated_arm_outside_the_registered_design_get_the_earlier_page(tmp_path):
+    """`make quick`'s tiny sweep runs the gated arm at T = 0.1 and 1 only: the default design pools it as before."""
+    quick_like = [c for c in design() if c["temperature"] != 0.03]
+    out = tmp_path / "out"
+    assert cli.main(["report", "--pool", *map(str, parts(tmp_path, quick_like)), "--out", str(out)]) == 0
+    assert json.loads((out / "pooled.json").read_text()).get("design") != "wortsman"

@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: <sweep_dir>/report; required with --pool)")
     p.add_argument("--pool", nargs="+", default=None, metavar="PART_JSON",
                    help="instead of a sweep: pool the from-scratch replications' report JSONs (each a stratum) into "
-                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled; parts of the Wortsman design: its registered "
-                        "family, study.report.wortsman)")
+                        "OUT/pooled.json and OUT/pooled.md (study.report.pooled)")
+    p.add_argument("--design", choices=("scratch", "wortsman"), default="scratch",
+                   help="with --pool: the design the parts were run under: scratch (default: the pooled from-scratch "
+                        "rerun's findings 1 and 2) or wortsman (the Wortsman-scale study's registered family, "
+                        "study.report.wortsman)")
     p.add_argument("--earlier-looks", type=int, default=None, metavar="N",
                    help="with --pool: analyses of the from-scratch findings before this one (default 3; the "
                         "Wortsman design's is registered, 4)")
@@ -85,7 +88,7 @@ def pool_main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        path = write_any_pooled(args.pool, args.out, earlier_looks=args.earlier_looks)
+        path = write_any_pooled(args.pool, args.out, earlier_looks=args.earlier_looks, design=args.design)
     except (PartError, ValueError) as err:
         print(f"study report: refused, nothing written: {err}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ JUDGED_ARMS = ("softmax", "qk_norm", "output_gate")  # finding 1's arms and find
 FAMILY = ("1s", "1q", "1g", "2", "3", "4", "5q", "5g")
 LOOKS = 5  # findings 1s and 2 were looked at four times before: the first run, two replications, the pooled rerun
 ALPHA = (1 - CONFIDENCE) / (len(FAMILY) * LOOKS)
-MARKER_ARM = "output_gate"  # parts with gated curves are this design
+DESIGNS = ("scratch", "wortsman")  # `study report --pool --design`: the earlier pooled page, or this family
 
 
 def family() -> Family:
@@ -69,9 +69,9 @@ def family() -> Family:
 
 
 def is_registered_design(parts: Sequence[Part]) -> bool:
-    """Whether the parts are the Wortsman design (a gated curve in some part); `check_design` then refuses a part that
-    does not have every registered temperature in every judged arm."""
-    return any(arm == MARKER_ARM for part in parts for (_, arm, _) in part.curves)
+    """Whether every part has every judged arm at exactly the registered temperatures: the Wortsman design's parts,
+    which the earlier pooled page refuses to judge with its own two findings (`--design wortsman` judges them)."""
+    return all(part.temperatures(arm) == list(TEMPERATURES) for part in parts for arm in JUDGED_ARMS)
 
 
 def check_design(parts: Sequence[Part]) -> None:
@@ -263,12 +263,19 @@ def registered_markdown(r: RegisteredReport) -> str:
     ])  # fmt: skip
 
 
-def write_any_pooled(paths: Sequence[str | Path], out_dir: str | Path, earlier_looks: int | None = None) -> Path:
-    """The registered family's page when the parts are the Wortsman design, else `pooled.write_pooled`'s page (3
-    earlier looks unless told). The registered design fixes its own looks: an ``earlier_looks`` that disagrees with
-    it is refused."""
+def write_any_pooled(paths: Sequence[str | Path], out_dir: str | Path, earlier_looks: int | None = None,
+                     design: str = "scratch") -> Path:
+    """The pooled page of the design the parts were run under, named by the caller (`DESIGNS`): ``scratch``, the
+    earlier pooled page (`pooled.write_pooled`, 3 earlier looks unless told), which refuses parts of the Wortsman
+    design rather than judge them by another family; ``wortsman``, the registered family, which fixes its own looks
+    (an ``earlier_looks`` that disagrees is refused) and refuses a part without every registered cell."""
+    if design not in DESIGNS:
+        raise PartError(f"--design {design!r}: one of {', '.join(DESIGNS)}")
     parts = [read_part(p) for p in paths]
-    if not is_registered_design(parts):
+    if design == "scratch":
+        if is_registered_design(parts):
+            raise PartError("these parts are the Wortsman design (every judged arm at T in "
+                            f"{list(TEMPERATURES)}): pool them with --design wortsman")
         return write_pooled(paths, out_dir, PREREGISTERED_EARLIER_LOOKS if earlier_looks is None else earlier_looks)
     if earlier_looks is not None and earlier_looks + 1 != LOOKS:
         raise PartError(f"--earlier-looks {earlier_looks}: the Wortsman design registered {LOOKS - 1} earlier looks "
@@ -278,5 +285,5 @@ def write_any_pooled(paths: Sequence[str | Path], out_dir: str | Path, earlier_l
                          registered_markdown(report))
 
 
-__all__ = ["ALPHA", "FAMILY", "LOOKS", "RegisteredReport", "is_registered_design", "judge", "pool_registered",
+__all__ = ["ALPHA", "DESIGNS", "FAMILY", "LOOKS", "RegisteredReport", "is_registered_design", "judge", "pool_registered",
            "registered_markdown", "write_any_pooled"]

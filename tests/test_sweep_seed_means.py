@@ -93,3 +93,16 @@ def test_the_means_category_comes_first_in_tensorboards_merged_layout(tmp_path):
     margins = [chart["margin"]["series"][0] for chart in layout["category"][0]["chart"]]
     assert [m["value"] for m in margins] == [tags.seed_mean(tag, "mean") for tag in CHARTS]
     assert {m["lower"] for m in margins} == {tags.seed_mean(tag, "low") for tag in CHARTS}
+
+
+def test_a_link_planted_at_the_mean_runs_is_replaced_not_followed(tmp_path):
+    sweep, outside = tmp_path / "sweep", tmp_path / "outside"
+    sweep.mkdir()
+    outside.mkdir()
+    runs = _runs(sweep)
+    (sweep / tags.SEED_MEAN_RUN).symlink_to(outside, target_is_directory=True)
+    scalars = {run.name: read_scalars(run.dir) for run in runs}
+    written = write_seed_means(sweep, runs, dict.fromkeys(scalars, "finished"), scalars)
+    assert list(outside.iterdir()) == []  # nothing written through the link
+    root = sweep / tags.SEED_MEAN_RUN
+    assert not root.is_symlink() and root.is_dir() and written and all(p.is_dir() for p in written)

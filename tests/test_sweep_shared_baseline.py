@@ -93,3 +93,18 @@ def test_the_copy_is_read_before_the_runs_own_file(tmp_path):
     late = folder / "events.out.tfevents.9999999999.late"
     os.replace(folder / SHARED_FILE, late)
     assert [step for step, _ in _as_tensorboard_reads(folder)[tags.VAL_LOSS]] == [3, 0]
+
+
+def test_a_link_left_where_the_copy_is_written_is_removed_not_followed(tmp_path):
+    sweep, outside = tmp_path / "sweep", tmp_path / "outside"
+    sweep.mkdir()
+    outside.mkdir()
+    runs = [_run(sweep, "T0.1_kall_softmax_s0", 0, True), _run(sweep, "T0.1_kall_softmax_s1", 1, False)]
+    planted = runs[1].dir / ".shared_baseline.0123456789abcdef.tmp"
+    planted.symlink_to(outside, target_is_directory=True)
+    before = {run.name: read_scalars(run.dir) for run in runs}
+    assert share_step0_validation(runs, dict.fromkeys(before, "finished"), before) == {
+        "T0.1_kall_softmax_s1": "T0.1_kall_softmax_s0"}
+    assert list(outside.iterdir()) == [] and not os.path.lexists(planted)
+    assert (runs[1].dir / SHARED_FILE).is_file()
+    assert [p.name for p in runs[1].dir.iterdir() if p.name.startswith(".shared_baseline")] == []

@@ -14,11 +14,11 @@ layouts in run order, so that category comes first. A temperature with fewer tha
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from pathlib import Path
 
 from study import tags
+from study.atomic import build_folder_whole
 from study.report.read import RESULT_STATES
 from study.report.stats import MIN_REPLICATES, TooFew, mean_interval
 from study.report.tensorboard import text_value
@@ -95,35 +95,33 @@ def write_seed_means(sweep_dir: Path, runs: list[Run], states: dict[str, str],
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    root = Path(sweep_dir) / tags.SEED_MEAN_RUN
-    if root.is_dir() and not root.is_symlink():
-        shutil.rmtree(root)
     main = main_arm((run.name, run.params) for run in runs)
     by_t: dict[float, list[Run]] = {}
     for run in runs:
         if run.name in main and states.get(run.name) in RESULT_STATES and run.name in scalars:
             by_t.setdefault(float(run.params["temperature"]), []).append(run)
-    written = []
-    for temperature, members in sorted(by_t.items()):
-        if len(members) < 2:
-            continue
-        folder = Path(sweep_dir) / tags.seed_mean_run(axes.axis("temperature").label(temperature))
-        folder.mkdir(parents=True, exist_ok=True)
-        writer = EventFileWriter(str(folder))
-        now = time.time()
-        text = text_value(tags.SEED_MEAN_TEXT, about(temperature, [run.name for run in members]))
-        writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=[_layout_value(), text])))
-        points: dict[int, list] = {}
-        for tag in CHARTS:
-            for step, band in mean_series([scalars[run.name] for run in members], tag):
-                points.setdefault(step, []).extend(
-                    Summary.Value(tag=tags.seed_mean(tag, part), simple_value=value)
-                    for part, value in zip(tags.SEED_MEAN_PARTS, band))
-        for step in sorted(points):
-            writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=points[step])))
-        writer.close()
-        written.append(folder)
-    return written
+    by_t = {t: members for t, members in sorted(by_t.items()) if len(members) >= 2}
+    labels = {t: axes.axis("temperature").label(t) for t in by_t}
+
+    def write(out: Path) -> None:
+        for temperature, members in by_t.items():
+            writer = EventFileWriter(str(out / labels[temperature]))
+            now = time.time()
+            text = text_value(tags.SEED_MEAN_TEXT, about(temperature, [run.name for run in members]))
+            writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=[_layout_value(), text])))
+            points: dict[int, list] = {}
+            for tag in CHARTS:
+                for step, band in mean_series([scalars[run.name] for run in members], tag):
+                    points.setdefault(step, []).extend(
+                        Summary.Value(tag=tags.seed_mean(tag, part), simple_value=value)
+                        for part, value in zip(tags.SEED_MEAN_PARTS, band))
+            for step in sorted(points):
+                writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=points[step])))
+            writer.close()
+
+    # built beside and swapped in whole, the earlier mean runs (or a link planted there, not followed) replaced
+    build_folder_whole(Path(sweep_dir) / tags.SEED_MEAN_RUN, write)
+    return [Path(sweep_dir) / tags.seed_mean_run(labels[t]) for t in by_t]
 
 
 __all__ = ["CATEGORY", "CHARTS", "about", "mean_series", "step_mean", "write_seed_means"]

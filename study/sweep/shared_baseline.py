@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from study import tags
+from study.atomic import create_folder_exclusively
 from study.report.read import EVENT_FILES, RESULT_STATES, SHARED_BASELINE_SUFFIX, RunData
 from study.report.summary import baseline_setting
 from study.report.tensorboard import text_value
@@ -46,7 +47,7 @@ step-0 point would come after the run's last step, and a loader that takes a low
 does, for files without a file version) would drop the run's later points."""
 
 
-WRITING = ".shared_baseline.tmp"  # the folder inside the run's where the copy is written before it is moved up
+WRITING = "shared_baseline"  # the copy is written in a new folder beside it (`atomic.create_folder_exclusively`)
 
 
 def _write(run_dir: Path, lender: str, values: dict[str, float]) -> None:
@@ -54,7 +55,9 @@ def _write(run_dir: Path, lender: str, values: dict[str, float]) -> None:
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    aside = run_dir / WRITING  # not the run's folder: a kill leaves no half copy that a reader takes for the run's
+    # not the run's folder: a kill leaves no half copy that a reader takes for the run's; a new folder of an
+    # unpredictable name, so that no link planted in the run's folder is followed
+    aside = create_folder_exclusively(run_dir, WRITING)
     writer = EventFileWriter(str(aside))
     now = time.time()
     scalars = [Summary.Value(tag=tag, simple_value=value) for tag, value in sorted(values.items())]
@@ -77,8 +80,11 @@ def share_step0_validation(runs: list[Run], states: dict[str, str],
     for run in runs:
         for old in run.dir.glob(EVENT_FILES + SHARED_BASELINE_SUFFIX):
             old.unlink()  # an earlier copy
-        if (run.dir / WRITING).is_dir() and not (run.dir / WRITING).is_symlink():
-            shutil.rmtree(run.dir / WRITING)  # one a kill left half written
+        for left in run.dir.glob(f".{WRITING}.*.tmp"):  # one a kill left half written; a link is removed, not followed
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left)
+            else:
+                left.unlink()
         if states.get(run.name) in RESULT_STATES and run.name in scalars:
             done.append((run, RunData(run.name, run.dir, run.params, {"state": states[run.name]}, run.resolved)))
     lenders: dict[tuple, str] = {}

@@ -456,3 +456,10 @@ def test_the_monitors_state_is_saved_in_the_checkpoint_and_restored_before_they_
     other.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     with pytest.raises(ValueError, match="resume with the same monitors"):
         other.on_train_begin(Stub.args, state, TrainerControl())
+    # a damaged state file is named in one line before anything is restored
+    data = (tmp_path / "checkpoint-4" / STATE_FILE).read_bytes()
+    (tmp_path / "checkpoint-4" / STATE_FILE).write_bytes(data[: len(data) // 2])
+    damaged = TrainerMonitors([AttentionJacobianMonitor(every_n_steps=2, rows=4, seed=3)],
+                              log_dir=str(tmp_path / "tb")).attach(Stub())
+    with pytest.raises(ValueError, match=rf"{STATE_FILE}: .*remove it to resume"):
+        damaged.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))

@@ -74,6 +74,7 @@ from typing_extensions import override
 
 from study.atomic import write_atomically
 from study.callbacks.base import write_summary
+from study.checkpoints import checkpoint_problem
 
 STATE_FILE = "study_monitors.pt"  # in each checkpoint-N: the monitors' state and the TensorBoard folder
 
@@ -359,7 +360,9 @@ class TrainerMonitors(TrainerCallback):
         step = int(json.loads(Path(checkpoint, "trainer_state.json").read_text())["global_step"])
         saved = Path(checkpoint, STATE_FILE)
         if saved.is_file():
-            self._restore = torch.load(saved, map_location="cpu", weights_only=True)  # data only, never code
+            if (problem := checkpoint_problem(saved)) is not None:  # verified before use; data only, never code
+                raise ValueError(f"{saved}: {problem}; remove it to resume with the monitors started afresh")
+            self._restore = torch.load(saved, map_location="cpu", weights_only=True)
         else:
             warnings.warn(f"{checkpoint} holds no {STATE_FILE} (saved without TrainerMonitors): the monitors start "
                           "afresh, and a sampling monitor draws other rows than the uninterrupted run", stacklevel=3)

@@ -106,3 +106,14 @@ def test_a_link_planted_at_the_mean_runs_is_replaced_not_followed(tmp_path):
     assert list(outside.iterdir()) == []  # nothing written through the link
     root = sweep / tags.SEED_MEAN_RUN
     assert not root.is_symlink() and root.is_dir() and written and all(p.is_dir() for p in written)
+
+
+def test_a_sweep_with_no_mean_to_draw_has_no_mean_runs_folder(tmp_path):
+    """One seed per temperature: no mean run, and no empty folder that TensorBoard would list as a run; mean runs
+    left by an earlier, larger state of the sweep are removed, not shown beside runs they no longer average."""
+    runs = _runs(tmp_path)
+    scalars = {run.name: read_scalars(run.dir) for run in runs}
+    assert write_seed_means(tmp_path, runs, dict.fromkeys(scalars, "finished"), scalars)
+    one_seed = [run for run in runs if run.params["seed"] == 0]
+    assert write_seed_means(tmp_path, one_seed, dict.fromkeys(scalars, "finished"), scalars) == []
+    assert not (tmp_path / tags.SEED_MEAN_RUN).exists()

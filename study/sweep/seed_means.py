@@ -14,6 +14,7 @@ layouts in run order, so that category comes first. A temperature with fewer tha
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -119,8 +120,15 @@ def write_seed_means(sweep_dir: Path, runs: list[Run], states: dict[str, str],
                 writer.add_event(Event(wall_time=now, step=step, summary=Summary(value=points[step])))
             writer.close()
 
+    final = Path(sweep_dir) / tags.SEED_MEAN_RUN
+    if not by_t:  # no mean to draw: no empty folder for TensorBoard to list, and no stale means left beside the runs
+        if final.is_symlink() or final.is_file():
+            final.unlink()
+        elif final.is_dir():
+            shutil.rmtree(final)
+        return []
     # built beside and swapped in whole, the earlier mean runs (or a link planted there, not followed) replaced
-    build_folder_whole(Path(sweep_dir) / tags.SEED_MEAN_RUN, write)
+    build_folder_whole(final, write)
     return [Path(sweep_dir) / tags.seed_mean_run(labels[t]) for t in by_t]
 
 

@@ -8,7 +8,7 @@ from study.attention import AttentionSpec, attend, blockwise_settings, tapping
 from study.attention.core import causal_allowed
 from study.attention.registry import MASK_VALUE
 from study.attention.select import top_k_indices
-from study.attention.topk import select_top_k
+from study.attention.topk import ranked_top_k, select_top_k
 
 # fp32: the gathered path sums k terms where the explicit one sums Lk (zeros included) and scatters the key and
 # value gradients where it multiplies matrices: the two orders differ by up to ~1.7e-6 of a value's size here.
@@ -84,19 +84,50 @@ def test_outputs_and_gradients_equal_the_explicit_path(dtype, case, ties):
         assert ((got_value - want_value).abs() / want_value.abs().clamp(min=1.0)).max() <= tolerance
 
 
-@pytest.mark.parametrize("block_keys", [1, 2, 3, 10])
-def test_selection_over_key_blocks_breaks_ties_like_top_k_indices(block_keys):
+@pytest.mark.parametrize("block_rows", [1, 2, 3, 10])
+def test_selection_over_row_blocks_breaks_ties_like_top_k_indices(block_rows):
     """Rows of equal logits and rows that see fewer than k keys: the picks are `top_k_indices`'s on the whole row."""
     generator = torch.Generator().manual_seed(0)
     scores = torch.randint(0, 3, (2, 2, 10, 10), generator=generator).float()  # many exact ties
     visible = causal_allowed(10, 10, scores.device) & _padding_mask(10)
-
-    def logits_of(query, key_block, keys):
-        return scores[..., keys]
-
-    picks = select_top_k(torch.zeros(2, 2, 10, 1), torch.zeros(2, 2, 10, 1), 4, logits_of,
-                         lambda keys: visible[..., keys], block_keys=block_keys)
+    picks = select_top_k(10, 10, 4, 4, lambda rows, keys: scores[..., rows, keys],
+                         lambda rows, keys: visible[..., rows, keys], block_rows=block_rows)
     assert torch.equal(picks, top_k_indices(scores.masked_fill(~visible, MASK_VALUE), 4))
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 10])
+def test_selection_over_the_reachable_keys_picks_the_visible_keys_of_the_whole_row(block_rows):
+    """With causality's reach (keys after a block's last query left out), each row's visible picks are those of
+    `top_k_indices` on the whole row, in its order; a row that sees fewer than k keys fills up with hidden ones."""
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randint(0, 3, (2, 2, 10, 10), generator=generator).float()
+    visible = causal_allowed(10, 10, scores.device).expand(2, 2, 10, 10)
+
+    def reach(rows):
+        return slice(0, rows.stop)
+
+    picks = select_top_k(10, 10, 4, 4, lambda rows, keys: scores[..., rows, keys],
+                         lambda rows, keys: visible[..., rows, keys], reach, block_rows=block_rows)
+    want = top_k_indices(scores.masked_fill(~visible, MASK_VALUE), 4)
+    seen = visible.gather(-1, picks)
+    for row in range(10):
+        n = min(row + 1, 4)  # the visible keys of the row
+        assert torch.equal(picks[..., row, :n], want[..., row, :n])
+        assert not seen[..., row, n:].any()
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 50), (2, 5, 9)])
+def test_ranked_top_k_is_top_k_indices(shape):
+    """The float `topk` with the tie repair equals the exact rule: on continuous values, on many exact ties, on
+    signed zeros and on rows of one repeated value."""
+    generator = torch.Generator().manual_seed(2)
+    cases = [torch.randn(shape, generator=generator), torch.randint(0, 4, shape, generator=generator).float(),
+             torch.zeros(shape), torch.full(shape, MASK_VALUE)]
+    signed = torch.randint(0, 2, shape, generator=generator).float()
+    cases.append(torch.where(signed > 0, torch.tensor(0.0), torch.tensor(-0.0)))
+    for values in cases:
+        for k in (1, 3, shape[-1]):
+            assert torch.equal(ranked_top_k(values, k), top_k_indices(values, k))
 
 
 def test_zeroed_queries_attend_to_the_first_k_visible_keys():

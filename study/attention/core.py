@@ -350,12 +350,15 @@ def _top_k_gathered(query, key, value, spec: AttentionSpec, scaling: float, soft
             raw = raw + bias_at.to(exact)
         return raw / spec.temperature
 
-    def logits_of(q: Tensor, k_block: Tensor, keys: slice) -> Tensor:
-        raw = torch.matmul(q.to(exact), k_block.to(exact).transpose(-1, -2)) * scaling
-        return transform(raw, None if bias is None else _block_of(bias, ALL, keys))
+    def logits_of(rows: slice, keys: slice) -> Tensor:
+        raw = torch.matmul(query[..., rows, :].to(exact), key[..., keys, :].to(exact).transpose(-1, -2)) * scaling
+        return transform(raw, _block_of(bias, rows, keys))
 
-    def visible_of(keys: slice) -> Tensor | None:
-        return _visible(q_len, kv_len, query.device, mask, causal, window, ALL, keys)[0]
+    def visible_of(rows: slice, keys: slice) -> Tensor | None:
+        return _visible(q_len, kv_len, query.device, mask, causal, window, rows, keys)[0]
+
+    def reach_of(rows: slice) -> slice:
+        return _reachable_keys(rows, q_len, kv_len, causal and q_len > 1, window)
 
     def logits_of_gathered(q: Tensor, picked_keys: Tensor, index: Tensor) -> Tensor:
         raw = torch.matmul(picked_keys.to(exact), q.to(exact).unsqueeze(-1)).squeeze(-1) * scaling
@@ -373,7 +376,8 @@ def _top_k_gathered(query, key, value, spec: AttentionSpec, scaling: float, soft
         return seen
 
     with torch.autocast(device_type=query.device.type, enabled=False):
-        index = topk.select_top_k(query, key, spec.top_k, logits_of, visible_of)
+        index = topk.select_top_k(q_len, kv_len, query.shape[0] * query.shape[1], spec.top_k, logits_of,
+                                  visible_of, reach_of)
         return topk.gathered_attention(query, key, value, index, logits_of_gathered, visible_of_gathered)
 
 

@@ -1,8 +1,11 @@
 """Top-k softmax attention by selection, then gather (Gupta et al. 2021): scores formed for L x k pairs, not L x L.
 
-1. Select, without gradient: the k largest visible logits of each row, a block of keys at a time (a running top-k
-   merged with each block's scores), ranked by `study.attention.select.top_k_indices` so that ties pick the lowest
-   positions, as on the explicit path. Memory: a (B, H, Lq, block) score tensor and the (B, H, Lq, k) picks.
+1. Select, without gradient: the k largest visible logits of each row, a block of query rows at a time over the
+   keys those rows can reach (causality and a window leave the rest out, as on the explicit path), ranked by
+   `study.attention.select.top_k_indices`'s rule: ties pick the lowest positions. `torch.topk` on the float
+   logits finds the picks; only rows with a tie at the k-th value (exact ties: a zeroed query, a saturated row, a
+   row that sees fewer than k keys) are ranked again by the exact rule. Memory: one block's (B, H, rows, keys)
+   scores and the (B, H, Lq, k) picks.
 2. Attend over the gathered keys only: the k picked keys and values of each row, their logits recomputed with
    gradient, the softmax over those k, the weighted sum. The backward pass differentiates through the gather, so it
    touches L x k scores.
@@ -23,34 +26,58 @@ from study.attention import blockwise
 from study.attention.registry import MASK_VALUE
 from study.attention.select import top_k_indices
 
+ALL = slice(None)
 
-def select_top_k(query: Tensor, key: Tensor, k: int, logits_of: Callable[[Tensor, Tensor, slice], Tensor],
-                 visible_of: Callable[[slice], Tensor | None], block_keys: int | None = None) -> Tensor:
-    """Indices (B, H, Lq, k) of the k largest visible logits of each row, descending, ties to the lowest position
-    (hidden keys rank after every visible one, in position order), computed over blocks of keys without gradient.
 
-    ``logits_of(query, key_block, keys)`` gives the logits the normaliser sees for the key columns ``keys``;
-    ``visible_of(keys)`` their bool visibility (None: all visible).
+def select_top_k(q_len: int, kv_len: int, batch_heads: int, k: int, logits_of: Callable[[slice, slice], Tensor],
+                 visible_of: Callable[[slice, slice], Tensor | None],
+                 reach_of: Callable[[slice], slice] = lambda rows: ALL, block_rows: int | None = None) -> Tensor:
+    """Indices (B, H, Lq, k) of the k largest visible logits of each row, descending, ties to the lowest position,
+    computed a block of query rows at a time without gradient (``batch_heads`` = B * H sets the block size).
+
+    ``logits_of(rows, keys)`` gives the logits the normaliser sees for the query rows ``rows`` and key columns
+    ``keys``; ``visible_of(rows, keys)`` their bool visibility (None: all visible); ``reach_of(rows)`` the key
+    columns those rows can see at all (the others are hidden from every row of the block). A row that sees fewer
+    than k keys gets its visible keys first, then hidden ones (their weights are zero on every path).
     """
-    batch, heads, q_len, kv_len = query.shape[0], query.shape[1], query.shape[-2], key.shape[-2]
-    per_block = (max(min(block_keys, kv_len), 1) if block_keys
-                 else blockwise.keys_per_block(batch * heads, q_len, kv_len))
-    values = index = None
+    rows_per_block = block_rows or max(blockwise.current_settings().block_scores // max(batch_heads * kv_len, 1), 1)
+    picks = []
     with torch.no_grad():
-        for start in range(0, kv_len, per_block):
-            keys = slice(start, min(start + per_block, kv_len))
-            z = logits_of(query, key[..., keys, :], keys)
-            seen = visible_of(keys)
+        for start in range(0, q_len, rows_per_block):
+            rows = slice(start, min(start + rows_per_block, q_len))
+            keys = _widened(reach_of(rows), kv_len, k)
+            z = logits_of(rows, keys)
+            seen = visible_of(rows, keys)
             if seen is not None:
                 z = z.masked_fill(~seen, MASK_VALUE)
-            positions = torch.arange(keys.start, keys.stop, device=query.device).expand(z.shape)
-            if values is not None:
-                # The running picks come first, in rank order: among equal values their positions are lower than
-                # the block's and ascending, so the tie rule of one call over the whole row holds across blocks.
-                z, positions = torch.cat([values, z], dim=-1), torch.cat([index, positions], dim=-1)
-            picked = top_k_indices(z, min(k, z.shape[-1]))
-            values, index = z.gather(-1, picked), positions.gather(-1, picked)
-    return index
+            picks.append(ranked_top_k(z, k) + (keys.start or 0))
+    return torch.cat(picks, dim=-2)
+
+
+def ranked_top_k(values: Tensor, k: int) -> Tensor:
+    """`top_k_indices(values, k)` (descending, ties to the lowest position) through `torch.topk` on the floats:
+    the exact rule reruns only on rows whose k-th value is tied with a value left out, and the picks are put in
+    (value, position) order, which `torch.topk` leaves open among equal values."""
+    picked, index = values.topk(k, dim=-1, sorted=True)
+    tied = (values >= picked[..., -1:]).sum(dim=-1) > k
+    if bool(tied.any()):
+        flat = index.reshape(-1, k).clone()
+        rows = tied.reshape(-1)
+        flat[rows] = top_k_indices(values.reshape(-1, values.shape[-1])[rows], k)
+        index = flat.view(index.shape)
+    # among equal picked values, ascending position: stable sorts by position, then by value
+    index = index.sort(dim=-1).values
+    order = values.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices
+    return index.gather(-1, order)
+
+
+def _widened(keys: slice, kv_len: int, k: int) -> slice:
+    """``keys`` (a slice of 0..kv_len) holding at least k columns, so that a row can make k picks."""
+    start, stop = keys.start or 0, kv_len if keys.stop is None else keys.stop
+    if stop - start >= k:
+        return keys
+    stop = min(max(stop, start + k), kv_len)
+    return slice(max(stop - k, 0), stop)
 
 
 def gathered_attention(query: Tensor, key: Tensor, value: Tensor, index: Tensor,
@@ -81,4 +108,4 @@ def _gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
     return tensor.gather(2, flat).reshape(batch, heads, q_len, k, tensor.shape[-1])
 
 
-__all__ = ["gathered_attention", "select_top_k"]
+__all__ = ["gathered_attention", "ranked_top_k", "select_top_k"]

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from study.attention.core import causal_allowed, window_allowed
+from study.attention.core import _rows_reaching, causal_allowed, window_allowed
 from study.attention.rowstats import FUSED_ONLY, STATISTICS, fused_logsumexp, row_statistics
 from study.metrics import row_entropy
 
+ALL = slice(None)
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -102,12 +103,16 @@ CASES = {  # name: (q_len, kv_len, causal, window, padding, heads, kv_heads)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("temperature", [1.0, 0.3])
 @pytest.mark.parametrize("block_keys", [2, None])
-def test_key_block_pass_equals_the_explicit_map(dtype, case, temperature, block_keys):
+@pytest.mark.parametrize("skip_rows", [False, True])
+def test_key_block_pass_equals_the_explicit_map(dtype, case, temperature, block_keys, skip_rows):
+    """``skip_rows``: each block of keys is scored only for the rows causality and the window let see it, as
+    `attend` asks."""
     q_len, kv_len, causal, window, padding, heads, kv_heads = CASES[case]
     query, key = _inputs(dtype, q_len, kv_len, heads, kv_heads)
     visible = _visible(q_len, kv_len, causal, window, padding)
+    rows_of = (lambda keys: _rows_reaching(keys, q_len, kv_len, causal, window)) if skip_rows else (lambda keys: ALL)
     got = row_statistics(query, key, scaling=0.4, temperature=temperature, visible_of=lambda keys: visible[..., keys],
-                         top_k=4, block_keys=block_keys)
+                         rows_of=rows_of, top_k=4, block_keys=block_keys)
     _compare(got, _explicit(query, key, 0.4, temperature, visible, 4), dtype)
 
 
@@ -160,7 +165,7 @@ def test_logit_transform_biases_the_logits():
     bias = torch.randn(1, 2, 9, 9, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     visible = _visible(9, 9, True, None, False)
     got = row_statistics(query, key, scaling=0.4, temperature=0.7, visible_of=lambda keys: visible[..., keys],
-                         logit_transform=lambda raw, keys: raw + bias[..., keys], needs=FUSED_ONLY, block_keys=3)
+                         logit_transform=lambda raw, rows, keys: raw + bias[..., rows, keys], needs=FUSED_ONLY, block_keys=3)
     assert got.max_weight is None
     _compare(got, _explicit(query, key, 0.4, 0.7, visible, 1, bias=bias), torch.float64)
 
@@ -190,3 +195,17 @@ def test_unknown_statistic_named():
     query, key = _inputs(torch.float32)
     with pytest.raises(ValueError, match="unknown row statistics \\['entropie'\\]"):
         row_statistics(query, key, scaling=0.4, needs=frozenset({"entropie"}))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("q_len", [1, 4, 9])
+def test_rows_reaching_a_key_block_are_exactly_the_rows_that_see_one_of_its_keys(causal, window, q_len):
+    """Brute force over every block of keys: the slice holds exactly the rows with a visible key in the block."""
+    kv_len = 9
+    visible = _visible(q_len, kv_len, causal and q_len > 1, window, False)[0, 0]
+    for start in range(kv_len):
+        for stop in range(start + 1, kv_len + 1):
+            rows = _rows_reaching(slice(start, stop), q_len, kv_len, causal and q_len > 1, window)
+            want = [i for i in range(q_len) if visible[i, start:stop].any()]
+            assert list(range(q_len)[rows]) == want, (start, stop)

@@ -66,7 +66,7 @@ def _call(case, dtype, ties, explicit, block_scores):
     leaves = [t.requires_grad_() for t in (query, key, value)]
     leaves += [options["logit_bias"]] if "logit_bias" in options else []
     spec = AttentionSpec(temperature=0.5, top_k=3)
-    with blockwise_settings(block_scores=block_scores, min_scores=2**62), tapping(*([ExplicitPath()] if explicit else [])):
+    with blockwise_settings(block_scores=block_scores, min_scores=2**62, gather_keys_per_pick=1), tapping(*([ExplicitPath()] if explicit else [])):
         output = attend(query, key, value, spec, mask=mask, **options)
     output.backward(torch.randn(output.shape, dtype=dtype, generator=torch.Generator().manual_seed(3)))
     return output.detach(), [leaf.grad for leaf in leaves]
@@ -133,7 +133,8 @@ def test_ranked_top_k_is_top_k_indices(shape):
 def test_zeroed_queries_attend_to_the_first_k_visible_keys():
     query, key, value = _inputs(torch.float64)
     query = torch.zeros_like(query)
-    output = attend(query, key, value, AttentionSpec(top_k=3))
+    with blockwise_settings(gather_keys_per_pick=1):
+        output = attend(query, key, value, AttentionSpec(top_k=3))
     shared = value.repeat_interleave(2, dim=1)
     for row in range(10):
         first = shared[..., : min(row + 1, 3), :].mean(-2)
@@ -149,6 +150,21 @@ def test_the_backward_pass_holds_no_square_tensor():
         shapes.append(tuple(tensor.shape))
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), blockwise_settings(gather_keys_per_pick=1):
         attend(*(t.requires_grad_() for t in (query, key, value)), AttentionSpec(top_k=4))
     assert shapes and not any(len(shape) >= 2 and shape[-2:] == (64, 64) for shape in shapes)
+
+
+def test_top_k_gathers_where_keys_outnumber_picks_or_the_explicit_path_would_go_blockwise():
+    """The default rule: a short row (128 keys, k = 4) keeps the dense explicit path; a long one (1024 keys, k = 4)
+    gathers; a short row gathers too once its dense scores would exceed ``min_scores``."""
+    from study.attention.blockwise import gathers_top_k
+
+    assert not gathers_top_k(32, 128, 128, 4) and gathers_top_k(32, 1024, 1024, 4)
+    with blockwise_settings(min_scores=32 * 128 * 128 - 1, block_scores=32 * 128):
+        assert gathers_top_k(32, 128, 128, 4)
+    with blockwise_settings(gather_keys_per_pick=1):
+        assert gathers_top_k(32, 128, 128, 64)
+    with pytest.raises(ValueError, match="gather_keys_per_pick must be an integer >= 1, got 0"):
+        with blockwise_settings(gather_keys_per_pick=0):
+            pass

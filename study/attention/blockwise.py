@@ -49,13 +49,20 @@ class BlockwiseSettings:
         block_scores: score elements per block, B * H * rows * Lk; a block has at least one query row. The
             default, 2**22 (16 MiB of fp32 scores), keeps the normaliser's working set of a block to a few
             hundred MB at any L.
+        gather_keys_per_pick: softmax top-k with no tap open selects and gathers (`study.attention.topk`) when
+            the row has at least this many keys per pick (Lk >= this * k), or when the explicit path would go
+            blockwise; otherwise the dense explicit path runs. Gathering copies k keys and values per row (L k D
+            elements, scattered back in the backward), so it pays off where k is small next to Lk; the default,
+            128 (twice SmolLM2's and GPT-2's head size), sits near the crossover docs/performance.md measured.
+            1 means always gather, a huge value gather only where the explicit path would go blockwise.
     """
 
     min_scores: int = 2**26
     block_scores: int = 2**22
+    gather_keys_per_pick: int = 128
 
     def __post_init__(self) -> None:
-        for name, low in (("min_scores", 0), ("block_scores", 1)):
+        for name, low in (("min_scores", 0), ("block_scores", 1), ("gather_keys_per_pick", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -75,7 +82,8 @@ def current_settings() -> BlockwiseSettings:
 
 
 @contextmanager
-def blockwise_settings(*, min_scores: int | None = None, block_scores: int | None = None) -> Iterator[BlockwiseSettings]:
+def blockwise_settings(*, min_scores: int | None = None, block_scores: int | None = None,
+                       gather_keys_per_pick: int | None = None) -> Iterator[BlockwiseSettings]:
     """Override the blockwise threshold and block size inside the block (per thread, nestable)::
 
         with blockwise_settings(min_scores=0, block_scores=2**20):  # always blockwise, 1 Mi scores a block
@@ -83,7 +91,8 @@ def blockwise_settings(*, min_scores: int | None = None, block_scores: int | Non
         with blockwise_settings(min_scores=2**62):  # never blockwise
             ...
     """
-    changes = {name: value for name, value in (("min_scores", min_scores), ("block_scores", block_scores))
+    changes = {name: value for name, value in (("min_scores", min_scores), ("block_scores", block_scores),
+                                               ("gather_keys_per_pick", gather_keys_per_pick))
                if value is not None}
     saved = _state.settings
     _state.settings = replace(saved, **changes)  # validated here, before the block runs
@@ -102,6 +111,11 @@ def block_rows(batch_heads: int, q_len: int, kv_len: int) -> int | None:
         return None
     rows = max(settings.block_scores // per_row, 1)
     return rows if rows < q_len else None
+
+
+def gathers_top_k(batch_heads: int, q_len: int, kv_len: int, k: int) -> bool:
+    """Whether softmax top-k = ``k`` with no tap open takes the gathered path (see ``gather_keys_per_pick``)."""
+    return kv_len >= _state.settings.gather_keys_per_pick * k or block_rows(batch_heads, q_len, kv_len) is not None
 
 
 def keys_per_block(batch_heads: int, q_len: int, kv_len: int) -> int:
@@ -135,4 +149,4 @@ def attend_in_blocks(rows_output: Callable[[slice, bool], Tensor], q_len: int, r
 
 
 __all__ = ["BlockwiseSettings", "attend_in_blocks", "block_rows", "blockwise_settings", "current_settings",
-           "keys_per_block"]
+           "gathers_top_k", "keys_per_block"]

@@ -101,6 +101,21 @@ def _reachable_keys(rows: slice, q_len: int, kv_len: int, causal: bool, window: 
     return slice(min(start, stop - 1), stop)
 
 
+def _rows_reaching(keys: slice, q_len: int, kv_len: int, causal: bool, window: int | None) -> slice:
+    """The query rows that causality and the window let see any of the key columns ``keys`` (possibly none): the
+    converse of `_reachable_keys`, for passes over blocks of keys."""
+    offset = kv_len - q_len
+    first_key, last_key = keys.start or 0, (kv_len if keys.stop is None else keys.stop) - 1
+    start, stop = 0, q_len  # query i sits at position i + offset
+    if causal:
+        start = max(start, first_key - offset)
+    if window is not None:
+        stop = min(stop, last_key - offset + window)
+        if not causal:
+            start = max(start, first_key - offset - window + 1)
+    return slice(min(start, q_len), max(min(stop, q_len), min(start, q_len)))
+
+
 def _split_mask(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     """(bool mask, additive bias or None). A float mask's entries below half the dtype's minimum are masked; its
     other entries are a bias added to the logits (zero for a plain 0 / min mask, ALiBi's slopes otherwise)."""
@@ -243,7 +258,8 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, spec: AttentionSpec, mask
         normalizer = normalizer_class(spec.normalizer).from_spec(spec, num_heads=query.shape[1]).to(query.device)
 
     if (spec.top_k is not None and spec.top_k < kv_len and type(normalizer) is Softmax and sinks is None
-            and dropout == 0.0 and not tap.active_taps()):
+            and dropout == 0.0 and not tap.active_taps()
+            and blockwise.gathers_top_k(query.shape[0] * query.shape[1], q_len, kv_len, spec.top_k)):
         return _top_k_gathered(query, key, value, spec, scaling, softcap, bias, mask, causal, sliding_window)
 
     exact = torch.promote_types(query.dtype, torch.float32)
@@ -322,13 +338,17 @@ def _notify_row_statistics(query, key, spec, layer, scaling, mask, bias, causal,
     def visible_of(keys: slice) -> Tensor | None:
         return _visible(q_len, kv_len, query.device, mask, causal, window, ALL, keys)[0]
 
+    def rows_of(keys: slice) -> slice:
+        return _rows_reaching(keys, q_len, kv_len, causal and q_len > 1, window)
+
     transform = None
     if bias is not None:
-        def transform(raw: Tensor, keys: slice) -> Tensor:
-            return raw + _block_of(bias, ALL, keys).to(exact)
+        def transform(raw: Tensor, rows: slice, keys: slice) -> Tensor:
+            return raw + _block_of(bias, rows, keys).to(exact)
 
     needs, top_k = wanted
     rows = rowstats.row_statistics(query, key, scaling=scaling, temperature=spec.temperature, visible_of=visible_of,
+                                   rows_of=rows_of,
                                    mask=fused_mask, is_causal=is_causal, logit_transform=transform, needs=needs,
                                    top_k=top_k)
     tap.notify_rows(layer, rows, spec)

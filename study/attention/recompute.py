@@ -24,7 +24,8 @@ def same_path_context() -> tuple[AbstractContextManager, AbstractContextManager]
 
     @contextmanager
     def as_in_the_forward():
-        with blockwise.blockwise_settings(min_scores=settings.min_scores, block_scores=settings.block_scores), \
+        with blockwise.blockwise_settings(min_scores=settings.min_scores, block_scores=settings.block_scores,
+                                          gather_keys_per_pick=settings.gather_keys_per_pick), \
                 tap.reopened(taps):  # fmt: skip
             yield
 

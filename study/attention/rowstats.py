@@ -106,20 +106,25 @@ def row_statistics(
     scaling: float,
     temperature: float = 1.0,
     visible_of: Callable[[slice], Tensor | None] = lambda keys: None,
+    rows_of: Callable[[slice], slice] = lambda keys: ALL,
     mask: Tensor | None = None,
     is_causal: bool = False,
-    logit_transform: Callable[[Tensor, slice], Tensor] | None = None,
+    logit_transform: Callable[[Tensor, slice, slice], Tensor] | None = None,
     needs: frozenset[str] = STATISTICS,
     top_k: int = 1,
     block_keys: int | None = None,
 ) -> RowStatistics:
     """The statistics ``needs`` (names from `STATISTICS`) of softmax rows over logits z = l / T, l = q.k * scaling
-    (then ``logit_transform(l, keys)``: the model's soft-capping and biases for the key columns ``keys``).
+    (then ``logit_transform(l, rows, keys)``: the model's soft-capping and biases for the query rows ``rows`` and
+    key columns ``keys``).
 
     Args:
         query: (B, H, Lq, D); key: (B, H, Lk, D) with heads already shared out (grouped-query attention).
         visible_of: the bool visibility of the key columns ``keys`` (a slice), broadcastable to
             (B, H, Lq, block), or None when all are visible: the mask, causality and the sliding window.
+        rows_of: the query rows that can see any of the key columns ``keys`` (a slice; causality and a window
+            leave the others out, which the key-block pass then skips: a row's statistics over keys it cannot see
+            are unchanged by them). Default: every row.
         mask, is_causal: the same visibility as one whole mask (or None) and SDPA's causal flag, handed to the
             fused kernel; used only without ``logit_transform``.
         top_k: how many of the largest weights ``top`` keeps (at most Lk).
@@ -137,11 +142,21 @@ def row_statistics(
         fused = None
         if needs <= FUSED_ONLY and logit_transform is None:
             fused = fused_logsumexp(query, key, mask, is_causal, scale)
-        return _statistics(query, key, scaling, temperature, visible_of, logit_transform, needs, top_k,
+        return _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_transform, needs, top_k,
                            block_keys, fused)
 
 
-def _statistics(query, key, scaling, temperature, visible_of, logit_transform, needs, top_k, block_keys,
+def _rows(tensor: Tensor, rows: slice) -> Tensor:
+    """The query rows ``rows`` of a (..., Lq, block) tensor, or the tensor itself where it broadcasts over rows."""
+    return tensor if rows == ALL or tensor.shape[-2] == 1 else tensor[..., rows, :]
+
+
+def _no_rows(rows: slice, q_len: int) -> bool:
+    """Whether the slice ``rows`` of 0..q_len is empty."""
+    return len(range(q_len)[rows]) == 0
+
+
+def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_transform, needs, top_k, block_keys,
                 fused) -> RowStatistics:
     batch, heads, q_len = query.shape[0], query.shape[1], query.shape[-2]
     kv_len = key.shape[-2]
@@ -164,48 +179,53 @@ def _statistics(query, key, scaling, temperature, visible_of, logit_transform, n
         moments = [torch.zeros(rows, dtype=torch.float64, device=device) for _ in range(3)]  # count, mean, m2
         first_z = torch.zeros(rows, dtype=dtype, device=device)  # z of the first visible key
 
-    def block_logits(keys: slice) -> tuple[Tensor, Tensor, Tensor]:
-        """(raw logits, z, visible) of the key columns ``keys``, masked entries -inf in z."""
-        raw = torch.matmul(query, key[..., keys, :].transpose(-1, -2)) * scaling
+    def block_logits(rows: slice, keys: slice) -> tuple[Tensor, Tensor, Tensor]:
+        """(raw logits, z, visible) of the query rows ``rows`` and key columns ``keys``, masked entries -inf in z."""
+        raw = torch.matmul(query[..., rows, :], key[..., keys, :].transpose(-1, -2)) * scaling
         if logit_transform is not None:
-            raw = logit_transform(raw, keys)
+            raw = logit_transform(raw, rows, keys)
         seen = visible_of(keys)
-        seen = torch.ones((), dtype=torch.bool, device=device) if seen is None else seen
+        seen = torch.ones((), dtype=torch.bool, device=device) if seen is None else _rows(seen, rows)
         seen = seen.expand(raw.shape)
         return raw, (raw / temperature).masked_fill(~seen, -math.inf), seen
 
     for start in range(0, kv_len, per_block):
         keys = slice(start, min(start + per_block, kv_len))
         if not full_pass:  # the fused way needs the counts and first visible keys only: masks, no scores
+            at = ALL
             seen = visible_of(keys)
             seen = torch.ones((), dtype=torch.bool, device=device) if seen is None else seen
             seen = seen.expand(*rows, keys.stop - keys.start)
         else:
-            raw, z, seen = block_logits(keys)
+            at = rows_of(keys)  # the rows that see any of these keys; the block changes no other row
+            if _no_rows(at, q_len):
+                continue
+            raw, z, seen = block_logits(at, keys)
         block_count = seen.sum(-1)
         local = seen.to(torch.uint8).argmax(-1, keepdim=True)  # the block's first visible key (argmax: the first)
-        found = (first == kv_len) & (block_count > 0)
-        first = torch.where(found, local[..., 0] + start, first)
+        found = (first[..., at] == kv_len) & (block_count > 0)
+        first[..., at] = torch.where(found, local[..., 0] + start, first[..., at])
         if full_pass:
-            first_z = torch.where(found, z.gather(-1, local)[..., 0], first_z)
-        count += block_count
+            first_z[..., at] = torch.where(found, z.gather(-1, local)[..., 0], first_z[..., at])
+        count[..., at] += block_count
         if not full_pass:
             continue
-        raw_max = torch.maximum(raw_max, raw.masked_fill(~seen, -math.inf).amax(-1))
-        new_m = torch.maximum(m, z.amax(-1))
+        raw_max[..., at] = torch.maximum(raw_max[..., at], raw.masked_fill(~seen, -math.inf).amax(-1))
+        m_at, total_at = m[..., at], total[..., at]
+        new_m = torch.maximum(m_at, z.amax(-1))
         safe_m = torch.where(new_m.isfinite(), new_m, 0.0)
-        rescale = torch.exp(m - safe_m)  # 0 while m is -inf
-        step = torch.where(m.isfinite(), m - safe_m, 0.0)
+        rescale = torch.exp(m_at - safe_m)  # 0 while m is -inf
+        step = torch.where(m_at.isfinite(), m_at - safe_m, 0.0)
         centred = z - safe_m[..., None]
         e = torch.exp(centred)  # 0 on masked keys
-        shifted = rescale * (shifted + step * total) + torch.where(seen, e * centred, 0.0).sum(-1)
-        total = rescale * total + e.sum(-1)
-        total2 = rescale.square() * total2 + e.square().sum(-1)
-        m = new_m
+        shifted[..., at] = rescale * (shifted[..., at] + step * total_at) + torch.where(seen, e * centred, 0.0).sum(-1)
+        total[..., at] = rescale * total_at + e.sum(-1)
+        total2[..., at] = rescale.square() * total2[..., at] + e.square().sum(-1)
+        m[..., at] = new_m
         if top is not None:
-            top = torch.cat([top, z], dim=-1).topk(top_k, dim=-1).values
+            top[..., at, :] = torch.cat([top[..., at, :], z], dim=-1).topk(top_k, dim=-1).values
         if "logit_moments" in needs:
-            _merge_moments(moments, z, seen, block_count)
+            _merge_moments(moments, at, z, seen, block_count)
 
     has_keys = count > 0
     out: dict[str, Tensor | None] = {"visible": count}
@@ -239,13 +259,14 @@ def _statistics(query, key, scaling, temperature, visible_of, logit_transform, n
             first_z = (query * k_first).sum(-1) * scaling / temperature
         out["first_key_weight"] = torch.where(has_keys, torch.exp(first_z - lse), 0.0)
     if needs & {"tv_uniform", "nonzero"}:
-        out.update(_second_pass(block_logits, kv_len, per_block, m, safe_total, count, needs))
+        out.update(_second_pass(block_logits, rows_of, kv_len, per_block, m, safe_total, count, needs))
     return RowStatistics(**out)
 
 
-def _merge_moments(moments: list[Tensor], z: Tensor, seen: Tensor, block_count: Tensor) -> None:
-    """Chan et al.'s merge of (count, mean, m2) with one block's visible logits, per row, in float64."""
-    n_a, mean_a, m2_a = moments
+def _merge_moments(moments: list[Tensor], rows: slice, z: Tensor, seen: Tensor, block_count: Tensor) -> None:
+    """Chan et al.'s merge of (count, mean, m2) of the query rows ``rows`` with one block's visible logits, per
+    row, in float64."""
+    n_a, mean_a, m2_a = (moment[..., rows] for moment in moments)
     n_b = block_count.to(torch.float64)
     values = z.masked_fill(~seen, 0.0)
     mean_b32 = values.sum(-1) / block_count.clamp(min=1)
@@ -254,23 +275,28 @@ def _merge_moments(moments: list[Tensor], z: Tensor, seen: Tensor, block_count: 
     n = n_a + n_b
     safe_n = n.clamp(min=1)
     delta = mean_b - mean_a
-    moments[0] = n
-    moments[1] = mean_a + delta * n_b / safe_n
-    moments[2] = m2_a + m2_b + delta.square() * n_a * n_b / safe_n
+    merged = (n, mean_a + delta * n_b / safe_n, m2_a + m2_b + delta.square() * n_a * n_b / safe_n)
+    for moment, value in zip(moments, merged):
+        moment[..., rows] = value
 
 
-def _second_pass(block_logits, kv_len: int, per_block: int, m: Tensor, total: Tensor, count: Tensor,
+def _second_pass(block_logits, rows_of, kv_len: int, per_block: int, m: Tensor, total: Tensor, count: Tensor,
                  needs: frozenset[str]) -> dict[str, Tensor]:
     """Total variation to uniform and the nonzero count, from p = exp(z - m) / sum exp(z - m) read again."""
     inv_n = 1.0 / count.clamp(min=1).to(m.dtype)
     safe_m = torch.where(m.isfinite(), m, 0.0)
     tv = torch.zeros_like(m)
     nonzero = torch.zeros_like(count)
+    q_len = m.shape[-1]
     for start in range(0, kv_len, per_block):
-        _, z, _ = block_logits(slice(start, min(start + per_block, kv_len)))
-        p = torch.exp(z - safe_m[..., None]) / total[..., None]
-        tv += (p - inv_n[..., None]).clamp_(min=0.0).sum(-1)
-        nonzero += (p != 0).sum(-1)
+        keys = slice(start, min(start + per_block, kv_len))
+        at = rows_of(keys)
+        if _no_rows(at, q_len):
+            continue
+        _, z, _ = block_logits(at, keys)
+        p = torch.exp(z - safe_m[..., at, None]) / total[..., at, None]
+        tv[..., at] += (p - inv_n[..., at, None]).clamp_(min=0.0).sum(-1)
+        nonzero[..., at] += (p != 0).sum(-1)
     out = {}
     if "tv_uniform" in needs:
         out["tv_uniform"] = tv

@@ -66,3 +66,18 @@ def test_each_row_reports_the_resident_memory_its_forward_and_backward_add(tmp_p
     # resident memory does not fall as far as the live tensors do (allocator fragmentation: issue 35, still open)
     assert rows["blockwise"]["extra_rss_bytes"] < rows["dense explicit"]["extra_rss_bytes"]
     assert "extra resident MB" in (tmp_path / "lengths.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_gathered_path_is_top_k_with_no_tap_at_a_fraction_of_the_dense_peak():
+    """The gathered rows run softmax top-k as an unlogged step does (selection, then gather): its peak (k keys and
+    values per row, one block of selection scores) is a fraction of the dense explicit path's, which holds several
+    (9, 1024, 1024) fp32 score tensors; sparsemax has no gathered path and says so."""
+    settings = LengthSettings(lengths=(1024,), units=("call",), fresh_process=False,
+                              paths=("dense explicit", "gathered"))
+    rows = {(r["spec"], r["path"]): r for r in run_length_sweep(settings)["rows"]}
+    assert rows[("sparsemax", "gathered")]["skipped"] == "the gathered path is softmax top-k's"
+    dense = rows[("top-k k=8", "dense explicit")]["peak_bytes"]
+    assert dense > 3 * 9 * 1024 * 1024 * 4 and rows[("top-k k=8", "gathered")]["peak_bytes"] < 0.5 * dense
+    with pytest.raises(ValueError, match="paths must be among"):
+        LengthSettings(paths=("fused",))

@@ -62,8 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--specs", default=None,
                         help="length sweep: comma-separated from 'top-k k=8', sparsemax (default both)")
     parser.add_argument("--paths", default=None,
-                        help="length sweep: comma-separated from 'dense explicit', blockwise (default both; stock "
-                             "SDPA always runs)")
+                        help="length sweep: comma-separated from 'dense explicit', blockwise, gathered (softmax "
+                             "top-k with no tap: an unlogged step's path); default the first two; stock SDPA always "
+                             "runs")
     parser.add_argument("--fused-stats", default=None, metavar="LENGTHS",
                         help="instead of the training suite: the row statistics' cost (a logged call against an "
                              "unlogged one) at the comma-separated L (e.g. 512,2048,8192) and top-k = 8 at L = 4096 "

@@ -7,11 +7,12 @@ backward of:
 - one full SmolLM2 decoder layer (a randomly initialised one-layer Llama with SmolLM2's widths: RMSNorm,
   rotary q/k, attention, SwiGLU MLP), fed random embeddings,
 
-for three paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
+for these paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
 (one (B, H, L, L) fp32 score tensor, `BlockwiseSettings.min_scores` set out of reach) and the blockwise explicit
 path (forced on at any L), under top-k and sparsemax; both explicit paths run with a tap open, as a logged step
-does (with none, softmax top-k takes the gathered path, which `study bench --fused-stats` measures). The dense path is skipped above ``dense_max_length``: at
-L = 8192 it would need about 16-22 GB for one call.
+does. The gathered path (``paths`` "gathered"; softmax top-k only) runs with no tap open and the default settings,
+as an unlogged training step does: top-k by selection, then gather (`study.attention.topk`). The dense path is
+skipped above ``dense_max_length``: at L = 8192 it would need about 16-22 GB for one call.
 
 - the whole SmolLM2-135M (unit "model", with ``units``: 30 layers and the loss over its 49152-token vocabulary),
   random tokens, optionally with activation checkpointing (``checkpointing``).
@@ -43,7 +44,7 @@ from study.resident import in_fresh_process
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 HIDDEN, INTERMEDIATE = 576, 1536
 SMOLLM2_LAYERS, SMOLLM2_VOCAB = 30, 49152
-PATHS = ("stock sdpa", "dense explicit", "blockwise")
+PATHS = ("stock sdpa", "dense explicit", "blockwise", "gathered")
 NEVER = 2**62
 
 
@@ -58,7 +59,7 @@ class LengthSettings:
     repeat_below: int = 2048  # lengths below this are timed 3 times after a warm-up (median)
     checkpointing: bool = False  # activation checkpointing of the layer and model rows (`CausalLMModule`'s option)
     fresh_process: bool = True  # each row in a process of its own: its peak resident memory (`study.resident`)
-    paths: tuple[str, ...] = PATHS[1:]  # the explicit paths measured beside stock SDPA
+    paths: tuple[str, ...] = PATHS[1:3]  # the paths measured beside stock SDPA (default: the explicit ones)
 
     def __post_init__(self) -> None:
         bad = [n for n in self.lengths if isinstance(n, bool) or not isinstance(n, int) or n < 2]
@@ -120,6 +121,9 @@ class _ExplicitPath:
 @contextlib.contextmanager
 def _path_settings(path: str):
     with contextlib.ExitStack() as stack:
+        if path == "gathered":  # an unlogged step as it runs by default: no tap, the default thresholds
+            yield
+            return
         stack.enter_context(blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0))
         if path != "stock sdpa":
             stack.enter_context(tapping(_ExplicitPath()))
@@ -236,6 +240,8 @@ def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lam
             row["blocks"] = 1 if rows_per_block is None else -(-length // rows_per_block)
         if path == "dense explicit" and length > settings.dense_max_length:
             row["skipped"] = f"dense path above L = {settings.dense_max_length}"
+        elif path == "gathered" and set(settings.specs.get(name, {})) != {"top_k"}:
+            row["skipped"] = "the gathered path is softmax top-k's"
         elif settings.fresh_process:
             measured, resident = in_fresh_process(measure, unit, name, path, length, settings)
             row.update(measured, max_rss_bytes=resident["max_rss_bytes"],

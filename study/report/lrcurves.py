@@ -182,12 +182,15 @@ def sign_verdict(interval: Interval, direction: int) -> str:
     return "inconclusive"
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of y on x (the caller takes logs where the claim is about a power law)."""
     return float(np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)[0])
 
 
-def _interval_finding(key: str, claim: str, statistic: str, values: list[float], direction: int, rule: str,
-                      what: str = "seeds") -> LRFinding:
+def interval_finding(key: str, claim: str, statistic: str, values: list[float], direction: int, rule: str,
+                     what: str = "seeds") -> LRFinding:
+    """A finding on the mean of per-seed ``values`` (the seed as the unit): its t-interval, judged by its sign in
+    ``direction`` (`sign_verdict`); underpowered with fewer than `MIN_SEEDS` seeds or too few values."""
     try:
         interval = mean_interval(values, what)
     except TooFew as err:
@@ -201,9 +204,9 @@ def _interval_finding(key: str, claim: str, statistic: str, values: list[float],
 
 def finding_sensitivity_vs_t(curves: Curves) -> LRFinding:
     seeds = curves.seeds("softmax")
-    slopes = [_slope(np.log10(curves.temperatures), [curves.curve(t, "softmax", s).sensitivity() for t in curves.temperatures])
+    slopes = [least_squares_slope(np.log10(curves.temperatures), [curves.curve(t, "softmax", s).sensitivity() for t in curves.temperatures])
               for s in seeds] if len(curves.temperatures) >= 2 else []
-    return _interval_finding(
+    return interval_finding(
         "1", "LR sensitivity rises as T falls (softmax, from scratch)", "per-seed slope of LR sensitivity vs log10 T",
         slopes, -1, "supported if the interval < 0; not supported if > 0")
 
@@ -250,7 +253,7 @@ def _stable_lr_exponent(curves: Curves, seeds: list[int]) -> str:
               if (t, "softmax", s) in curves.complete}
     if any(v is None or v == curves.grid[-1] for v in values.values()):
         return "not resolved by the grid (lr* censored at a grid end)"
-    slopes = [_slope(np.log10(curves.temperatures), [math.log10(values[(t, s)]) for t in curves.temperatures])
+    slopes = [least_squares_slope(np.log10(curves.temperatures), [math.log10(values[(t, s)]) for t in curves.temperatures])
               for s in seeds if all((t, s) in values for t in curves.temperatures)]
     try:
         return str(mean_interval(slopes, "seeds"))
@@ -288,10 +291,10 @@ def finding_logit_growth(curves: Curves) -> LRFinding:
     for s in curves.seeds("softmax"):
         growth = [logit_growth(curves.curve(t, "softmax", s).runs[lr]) for t in curves.temperatures]
         if all(g is not None for g in growth):
-            slopes.append(_slope(np.log10(curves.temperatures), growth))
+            slopes.append(least_squares_slope(np.log10(curves.temperatures), growth))
     if not slopes:
         return LRFinding("3a", claim, statistic, "max logit not logged (AttentionLogitMonitor)", "underpowered", rule)
-    finding = _interval_finding("3a", claim, statistic, slopes, -1, rule)
+    finding = interval_finding("3a", claim, statistic, slopes, -1, rule)
     return LRFinding(finding.key, claim, statistic, f"{finding.value}; reference LR {fmt(lr)}", finding.verdict,
                      rule, finding.interval)
 
@@ -344,10 +347,10 @@ def findings_qk_norm(curves: Curves) -> list[LRFinding]:
         if d_low is not None and d_ref is not None:
             dod.append(d_low - d_ref)
     return [
-        _interval_finding("4a", f"QK-norm lowers LR sensitivity at low T (T={fmt(low)})",
+        interval_finding("4a", f"QK-norm lowers LR sensitivity at low T (T={fmt(low)})",
                           "per-seed S(softmax) - S(QK-norm) at the lowest T", at_low, +1,
                           "supported if the interval > 0; not supported if < 0"),
-        _interval_finding("4b", "QK-norm helps more at low T than at T = 1 (difference of differences)",
+        interval_finding("4b", "QK-norm helps more at low T than at T = 1 (difference of differences)",
                           "per-seed [S(softmax) - S(QK-norm)] at the lowest T minus the same at T = 1", dod, +1,
                           "supported if the interval > 0; not supported if < 0"),
     ]
@@ -714,5 +717,5 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
     return LRSection("\n".join(parts), data)
 
 
-__all__ = ["ARMS", "LRFinding", "LRRun", "LRSection", "design_checks", "gather", "lr_findings", "lr_run",
-           "lr_section", "lr_tables", "lr_sensitivity", "sign_test"]
+__all__ = ["ARMS", "LRFinding", "LRRun", "LRSection", "design_checks", "gather", "interval_finding",
+           "least_squares_slope", "lr_findings", "lr_run", "lr_section", "lr_tables", "lr_sensitivity", "sign_test"]

@@ -100,7 +100,7 @@ def sensitivity_slopes(curves: Curves, arm: str) -> dict[int, float]:
     for seed in curves.seeds(arm, TEMPERATURES):
         values = [range_sensitivity(curves, t, arm, seed) for t in TEMPERATURES]
         if None not in values:
-            out[seed] = lrcurves._slope(np.log10(TEMPERATURES), values)
+            out[seed] = lrcurves.least_squares_slope(np.log10(TEMPERATURES), values)
     return out
 
 
@@ -130,7 +130,7 @@ def judge(parts: Sequence[Part]) -> list[LRFinding]:
     with family_level(family()):
         for letter, arm in (("s", "softmax"), *REMEDIES.items()):
             slopes = sensitivity_slopes(curves, arm)
-            found.append(lrcurves._interval_finding(
+            found.append(lrcurves.interval_finding(
                 f"1{letter}", f"LR sensitivity rises as T falls ({lrcurves.ARM_LABELS[arm]})",
                 f"per-seed slope of S (lr {fmt(WORTSMAN_RANGE[0])} ... {fmt(WORTSMAN_RANGE[1])}) vs log10 T",
                 list(slopes.values()), -1, slope_rule))
@@ -148,7 +148,7 @@ def judge(parts: Sequence[Part]) -> list[LRFinding]:
                               "divergences are preceded by entropy collapse (softmax, QK-norm and gated arms)"))
         for letter, arm in REMEDIES.items():
             r = remedy_differences(curves, arm)
-            found.append(lrcurves._interval_finding(
+            found.append(lrcurves.interval_finding(
                 f"5{letter}", f"{lrcurves.ARM_LABELS[arm]} removes the sensitivity low T adds",
                 f"per-seed [S(T={fmt(low)}) - S(T=1)] softmax minus the same for {lrcurves.ARM_LABELS[arm]}",
                 list(r.values()), +1, "supported if the interval > 0; not supported if < 0"))

@@ -91,7 +91,7 @@ def test_selection_over_row_blocks_breaks_ties_like_top_k_indices(block_rows):
     scores = torch.randint(0, 3, (2, 2, 10, 10), generator=generator).float()  # many exact ties
     visible = causal_allowed(10, 10, scores.device) & _padding_mask(10)
     picks = select_top_k(10, 10, 4, 4, lambda rows, keys: scores[..., rows, keys],
-                         lambda rows, keys: visible[..., rows, keys], block_rows=block_rows)
+                         lambda rows, keys: visible[..., rows, keys], rows_per_block=block_rows)
     assert torch.equal(picks, top_k_indices(scores.masked_fill(~visible, MASK_VALUE), 4))
 
 
@@ -107,7 +107,7 @@ def test_selection_over_the_reachable_keys_picks_the_visible_keys_of_the_whole_r
         return slice(0, rows.stop)
 
     picks = select_top_k(10, 10, 4, 4, lambda rows, keys: scores[..., rows, keys],
-                         lambda rows, keys: visible[..., rows, keys], reach, block_rows=block_rows)
+                         lambda rows, keys: visible[..., rows, keys], reach, rows_per_block=block_rows)
     want = top_k_indices(scores.masked_fill(~visible, MASK_VALUE), 4)
     seen = visible.gather(-1, picks)
     for row in range(10):
@@ -168,3 +168,23 @@ def test_top_k_gathers_where_keys_outnumber_picks_or_the_explicit_path_would_go_
     with pytest.raises(ValueError, match="gather_keys_per_pick must be an integer >= 1, got 0"):
         with blockwise_settings(gather_keys_per_pick=0):
             pass
+
+
+def test_checkpointing_recomputes_top_k_on_the_forwards_path():
+    """The forward gathers under ``gather_keys_per_pick=1``; the backward runs outside that block, where a row of 10
+    keys would take the dense path: the recomputation restores every blockwise setting of the forward
+    (`study.attention.recompute`), so torch's checkpoint sees the same saved tensors and the gradients are the
+    uncheckpointed ones."""
+    from torch.utils.checkpoint import checkpoint
+
+    from study.attention.recompute import same_path_context
+
+    query, key, value = (t.requires_grad_() for t in _inputs(torch.float64))
+    spec = AttentionSpec(top_k=3)
+    with blockwise_settings(gather_keys_per_pick=1):
+        want = torch.autograd.grad(attend(query, key, value, spec).sum(), (query, key, value))
+        out = checkpoint(lambda q, k, v: attend(q, k, v, spec), query, key, value, use_reentrant=False,
+                         context_fn=same_path_context)
+    got = torch.autograd.grad(out.sum(), (query, key, value))
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-12)

@@ -102,14 +102,30 @@ def blockwise_settings(*, min_scores: int | None = None, block_scores: int | Non
         _state.settings = saved
 
 
+@contextmanager
+def restored(settings: BlockwiseSettings) -> Iterator[BlockwiseSettings]:
+    """Put ``settings`` (a `current_settings()` taken earlier) in force inside the block, whole: activation
+    checkpointing's recomputation runs under the forward's settings, every field of them."""
+    saved = _state.settings
+    _state.settings = settings
+    try:
+        yield settings
+    finally:
+        _state.settings = saved
+
+
+def rows_per_block(batch_heads: int, kv_len: int) -> int:
+    """Query rows in ``block_scores`` score elements of a call with ``batch_heads`` = B * H over ``kv_len`` keys
+    (at least one row)."""
+    return max(_state.settings.block_scores // max(batch_heads * kv_len, 1), 1)
+
+
 def block_rows(batch_heads: int, q_len: int, kv_len: int) -> int | None:
     """Query rows per block for a call with ``batch_heads`` = B * H, or None when the dense path should run
     (the scores fit under ``min_scores``, or one block would hold every row anyway)."""
-    settings = _state.settings
-    per_row = max(batch_heads * kv_len, 1)
-    if per_row * q_len <= settings.min_scores:
+    if max(batch_heads * kv_len, 1) * q_len <= _state.settings.min_scores:
         return None
-    rows = max(settings.block_scores // per_row, 1)
+    rows = rows_per_block(batch_heads, kv_len)
     return rows if rows < q_len else None
 
 
@@ -149,4 +165,4 @@ def attend_in_blocks(rows_output: Callable[[slice, bool], Tensor], q_len: int, r
 
 
 __all__ = ["BlockwiseSettings", "attend_in_blocks", "block_rows", "blockwise_settings", "current_settings",
-           "gathers_top_k", "keys_per_block"]
+           "gathers_top_k", "keys_per_block", "restored", "rows_per_block"]

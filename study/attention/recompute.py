@@ -24,9 +24,7 @@ def same_path_context() -> tuple[AbstractContextManager, AbstractContextManager]
 
     @contextmanager
     def as_in_the_forward():
-        with blockwise.blockwise_settings(min_scores=settings.min_scores, block_scores=settings.block_scores,
-                                          gather_keys_per_pick=settings.gather_keys_per_pick), \
-                tap.reopened(taps):  # fmt: skip
+        with blockwise.restored(settings), tap.reopened(taps):
             yield
 
     return nullcontext(), as_in_the_forward()

@@ -31,7 +31,7 @@ ALL = slice(None)
 
 def select_top_k(q_len: int, kv_len: int, batch_heads: int, k: int, logits_of: Callable[[slice, slice], Tensor],
                  visible_of: Callable[[slice, slice], Tensor | None],
-                 reach_of: Callable[[slice], slice] = lambda rows: ALL, block_rows: int | None = None) -> Tensor:
+                 reach_of: Callable[[slice], slice] = lambda rows: ALL, rows_per_block: int | None = None) -> Tensor:
     """Indices (B, H, Lq, k) of the k largest visible logits of each row, descending, ties to the lowest position,
     computed a block of query rows at a time without gradient (``batch_heads`` = B * H sets the block size).
 
@@ -40,7 +40,7 @@ def select_top_k(q_len: int, kv_len: int, batch_heads: int, k: int, logits_of: C
     columns those rows can see at all (the others are hidden from every row of the block). A row that sees fewer
     than k keys gets its visible keys first, then hidden ones (their weights are zero on every path).
     """
-    rows_per_block = block_rows or max(blockwise.current_settings().block_scores // max(batch_heads * kv_len, 1), 1)
+    rows_per_block = rows_per_block or blockwise.rows_per_block(batch_heads, kv_len)
     picks = []
     with torch.no_grad():
         for start in range(0, q_len, rows_per_block):

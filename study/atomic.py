@@ -115,10 +115,17 @@ def replace_folder(built: Path, target: Path) -> None:
         os.rename(target, old)
     os.rename(built, target)
     if old is not None:
-        if old.is_symlink() or not old.is_dir():
-            old.unlink()
-        else:
-            shutil.rmtree(old, ignore_errors=True)
+        remove_entry(old, ignore_errors=True)  # the new folder is in place: a leftover of the old one harms nothing
+
+
+def remove_entry(path: Path, ignore_errors: bool = False) -> None:
+    """Remove whatever is at ``path``: a link (the link, never what it leads to) or a file, or a folder with its
+    contents; nothing when there is nothing."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def build_folder_whole(final: Path, write: Callable[[Path], T]) -> T:
@@ -203,6 +210,7 @@ __all__ = [
     "links_refused",
     "naming",
     "os_error_within",
+    "remove_entry",
     "replace_folder",
     "replaced_folder_refused",
     "save_figure",

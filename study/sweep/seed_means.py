@@ -14,12 +14,11 @@ layouts in run order, so that category comes first. A temperature with fewer tha
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from pathlib import Path
 
 from study import tags
-from study.atomic import build_folder_whole
+from study.atomic import build_folder_whole, remove_entry
 from study.report.read import RESULT_STATES
 from study.report.stats import MIN_REPLICATES, TooFew, mean_interval
 from study.report.tensorboard import text_value
@@ -122,10 +121,7 @@ def write_seed_means(sweep_dir: Path, runs: list[Run], states: dict[str, str],
 
     final = Path(sweep_dir) / tags.SEED_MEAN_RUN
     if not by_t:  # no mean to draw: no empty folder for TensorBoard to list, and no stale means left beside the runs
-        if final.is_symlink() or final.is_file():
-            final.unlink()
-        elif final.is_dir():
-            shutil.rmtree(final)
+        remove_entry(final)
         return []
     # built beside and swapped in whole, the earlier mean runs (or a link planted there, not followed) replaced
     build_folder_whole(final, write)

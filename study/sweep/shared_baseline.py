@@ -14,12 +14,11 @@ counts as a measurement.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 from study import tags
-from study.atomic import create_folder_exclusively
+from study.atomic import create_folder_exclusively, remove_entry
 from study.report.read import EVENT_FILES, RESULT_STATES, SHARED_BASELINE_SUFFIX, RunData
 from study.report.summary import baseline_setting
 from study.report.tensorboard import text_value
@@ -81,10 +80,7 @@ def share_step0_validation(runs: list[Run], states: dict[str, str],
         for old in run.dir.glob(EVENT_FILES + SHARED_BASELINE_SUFFIX):
             old.unlink()  # an earlier copy
         for left in run.dir.glob(f".{WRITING}.*.tmp"):  # one a kill left half written; a link is removed, not followed
-            if left.is_dir() and not left.is_symlink():
-                shutil.rmtree(left)
-            else:
-                left.unlink()
+            remove_entry(left)
         if states.get(run.name) in RESULT_STATES and run.name in scalars:
             done.append((run, RunData(run.name, run.dir, run.params, {"state": states[run.name]}, run.resolved)))
     lenders: dict[tuple, str] = {}

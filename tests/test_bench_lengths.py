@@ -81,3 +81,19 @@ def test_the_gathered_path_is_top_k_with_no_tap_at_a_fraction_of_the_dense_peak(
     assert dense > 3 * 9 * 1024 * 1024 * 4 and rows[("top-k k=8", "gathered")]["peak_bytes"] < 0.5 * dense
     with pytest.raises(ValueError, match="paths must be among"):
         LengthSettings(paths=("fused",))
+
+
+def test_the_gathered_rows_gather_at_every_length_and_only_softmax_top_k():
+    """A short row would keep the dense path by the default rule: the bench's gathered rows force gathering, so a
+    row named gathered is that path; sparsemax and specs without top-k have none (a top-k spec with a temperature
+    does)."""
+    from study.attention import tap
+    from study.attention.blockwise import gathers_top_k
+    from study.bench.lengths import _path_settings, _softmax_top_k
+
+    assert not gathers_top_k(9, 64, 64, 8)
+    with _path_settings("gathered"):
+        assert gathers_top_k(9, 64, 64, 8) and not tap.active_taps()
+    assert _softmax_top_k({"top_k": 8}) and _softmax_top_k({"top_k": 8, "temperature": 0.5})
+    assert not _softmax_top_k({"normalizer": "sparsemax"})
+    assert not _softmax_top_k({"top_k": 8, "normalizer": "sparsemax"})

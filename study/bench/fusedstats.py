@@ -95,7 +95,7 @@ def top_k_rows(length: int, device: str, repeats: int) -> list[dict]:
     top_k = AttentionSpec(top_k=TOP_K)
     steps = {
         "stock sdpa": _call(length, AttentionSpec(), device),
-        "gathered top-k": _call(length, top_k, device),
+        "gathered top-k": _call(length, top_k, device, lambda: blockwise_settings(gather_keys_per_pick=1)),
         "blockwise explicit top-k": _call(length, top_k, device, lambda: blockwise_settings(min_scores=0),
                                           lambda: tapping(WeightsTap())),
     }

@@ -10,8 +10,9 @@ backward of:
 for these paths: stock SDPA (PyTorch's fused kernel, plain softmax: the reference cost), the dense explicit path
 (one (B, H, L, L) fp32 score tensor, `BlockwiseSettings.min_scores` set out of reach) and the blockwise explicit
 path (forced on at any L), under top-k and sparsemax; both explicit paths run with a tap open, as a logged step
-does. The gathered path (``paths`` "gathered"; softmax top-k only) runs with no tap open and the default settings,
-as an unlogged training step does: top-k by selection, then gather (`study.attention.topk`). The dense path is
+does. The gathered path (``paths`` "gathered"; softmax top-k only) runs with no tap open, as an unlogged training
+step does, and gathering forced at every L (``gather_keys_per_pick`` = 1: the default rule keeps short rows on the
+dense path): top-k by selection, then gather (`study.attention.topk`). The dense path is
 skipped above ``dense_max_length``: at L = 8192 it would need about 16-22 GB for one call.
 
 - the whole SmolLM2-135M (unit "model", with ``units``: 30 layers and the loss over its 49152-token vocabulary),
@@ -121,13 +122,19 @@ class _ExplicitPath:
 @contextlib.contextmanager
 def _path_settings(path: str):
     with contextlib.ExitStack() as stack:
-        if path == "gathered":  # an unlogged step as it runs by default: no tap, the default thresholds
-            yield
+        if path == "gathered":  # no tap, as an unlogged step; gathering forced, so the row is that path at any L
+            with blockwise_settings(gather_keys_per_pick=1):
+                yield
             return
         stack.enter_context(blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0))
         if path != "stock sdpa":
             stack.enter_context(tapping(_ExplicitPath()))
         yield
+
+
+def _softmax_top_k(spec: dict) -> bool:
+    """Whether an `AttentionSpec`'s keywords ask for softmax top-k, the one spec the gathered path computes."""
+    return spec.get("top_k") is not None and spec.get("normalizer", "softmax") == "softmax"
 
 
 def call_step(length: int, path: str, spec: AttentionSpec, device: str, checkpointing: bool = False) -> Callable[[], None]:
@@ -240,7 +247,7 @@ def run_length_sweep(settings: LengthSettings, tick: Callable[[str], None] = lam
             row["blocks"] = 1 if rows_per_block is None else -(-length // rows_per_block)
         if path == "dense explicit" and length > settings.dense_max_length:
             row["skipped"] = f"dense path above L = {settings.dense_max_length}"
-        elif path == "gathered" and set(settings.specs.get(name, {})) != {"top_k"}:
+        elif path == "gathered" and not _softmax_top_k(settings.specs.get(name, {})):
             row["skipped"] = "the gathered path is softmax top-k's"
         elif settings.fresh_process:
             measured, resident = in_fresh_process(measure, unit, name, path, length, settings)

@@ -24,6 +24,7 @@ def test_training_data_that_gives_no_batch_is_refused_before_any_run(tmp_path, c
     assert not (tmp_path / "logs" / "tiny" / "T1_kall_softmax_s0").exists()
 
 
+@pytest.mark.slow  # a whole fit in a subprocess
 @pytest.mark.parametrize(
     "overrides, reason",
     [({"trainer.max_epochs": 0}, "trained no step (max_steps=6, limit_train_batches=1.0)")],

@@ -4,9 +4,7 @@ The model is loaded with `AutoModelForCausalLM.from_pretrained` (`model_name_or_
 or a short name of `study.pretrained.EMBEDDED_MODELS` such as "smollm2-135m", the offline SmolLM2-135M-Instruct,
 dequantised to fp32 from its Q4_1 gguf), or, when no name is given, built from scratch as a GPT-2 of the given size.
 Its attention layers are switched to the spec with `study.attention.apply_attention_spec`, which is also why
-importing this module registers the attention implementation in every DDP worker. The former name `GPT2Module` is
-retired: importing it raises an error that names the new one (a checkpoint never held the class name, so every
-checkpoint loads with `CausalLMModule.load_from_checkpoint`).
+importing this module registers the attention implementation in every DDP worker.
 """
 
 from __future__ import annotations
@@ -411,14 +409,6 @@ def _masked_mean(values: torch.Tensor, attention_mask: torch.Tensor | None) -> t
         return values.mean()
     keep = attention_mask[:, 1:].to(values.dtype)
     return (values * keep).sum() / keep.sum().clamp(min=1)
-
-
-def __getattr__(name: str) -> object:
-    # The former name fails loudly, naming its replacement, rather than living on as a second name for one class.
-    if name == "GPT2Module":
-        raise AttributeError("study.model.GPT2Module was renamed study.model.CausalLMModule (it trains any Hugging "
-                             "Face causal LM); use that name in imports and in a config's class_path")
-    raise AttributeError(f"module 'study.model' has no attribute {name!r}")
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:

@@ -133,15 +133,6 @@ def test_loaded_model_trains_with_its_dropout_active(tmp_path):
     assert seen["differ"]  # two passes over the same batch differ: dropout is sampling
 
 
-def test_the_retired_name_gpt2module_fails_naming_its_replacement():
-    import study.model
-
-    with pytest.raises(AttributeError, match="renamed study.model.CausalLMModule"):
-        study.model.GPT2Module  # noqa: B018 - the access is the test
-    with pytest.raises(ImportError, match="GPT2Module"):
-        exec("from study.model import GPT2Module")  # noqa: S102 - the import statement a user would write
-
-
 def test_short_model_names_are_resolved(tmp_path, monkeypatch):
     """`model_name_or_path` goes through `study.pretrained.resolve_model` (a short name -> a local folder)."""
     import study.pretrained

@@ -128,8 +128,8 @@ def read_estimate(proc: subprocess.Popen, started: float) -> float | str:
 class StepEstimates:
     """The probe's and the analysis' own `--estimate`s (each in a fresh process, as the pool runs them; those not
     cached), ``slots`` at a time, as the pool runs them beside each other. Started after the step timing: beside
-    it they and the timed steps slowed each other (two cores: 5.4 s a step against 2.5, the probe's estimate
-    doubled). `result()` waits for them; `stop()` ends them."""
+    it they and the timed steps would slow each other and both estimates would be too long. `result()` waits for
+    them; `stop()` ends them."""
 
     def __init__(self, plan: Plan, pretrain_todo: bool, slots: int = 1) -> None:
         steps = [step for step in frozen_steps(plan) if not step.cached()]

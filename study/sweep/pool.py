@@ -185,11 +185,11 @@ class SweepProgress:
     wall time in the pool, from launch to exit (``slot_s``): it includes what a run's own duration leaves out (its
     process's interpreter start-up and imports, the slots' contention), which made an ETA from durations alone
     about half the wait. The sweep's elapsed time is not the rate: the frozen-model steps and the up-front
-    estimate hold slots before any run ends (a demo read "ETA 56:05" after its second run, 14 minutes before its
-    end). Runs in this process (no pool) count their own duration. Before any run ends, the up-front estimate.
+    estimate hold slots before any run ends, so an elapsed-time rate overstates the wait. Runs in this process (no
+    pool) count their own duration. Before any run ends, the up-front estimate.
 
     While jobs are in flight and nothing has been printed for ``heartbeat_s``, the pool prints a heartbeat line
-    (`heartbeat`): the first ETA comes minutes before the first run ends (a demo's first line came at 5:53).
+    (`heartbeat`), so the first ETA comes before the first run ends.
     """
 
     def __init__(self, total: int, parallel: int = 1, estimate_s: float | None = None,

@@ -116,6 +116,29 @@ def test_key_block_pass_equals_the_explicit_map(dtype, case, temperature, block_
     _compare(got, _explicit(query, key, 0.4, temperature, visible, 4), dtype)
 
 
+@pytest.mark.parametrize("block_keys", [3, None])
+@pytest.mark.parametrize("needs", [{"top", "tv_uniform", "nonzero"}, {"entropy", "top"}, {"collision"},
+                                   {"max_logit", "first_key"}, {"logit_moments", "max_weight"}])
+def test_a_statistic_is_the_same_whatever_is_asked_beside_it(needs, block_keys):
+    """The key-block pass computes only what it is asked for (and, with one key block, reads the first pass's
+    exp(z - m) again for TV and nonzero): each statistic asked alone equals, bit for bit, the one computed with all."""
+    q_len, kv_len, causal, window, padding, heads, kv_heads = CASES["grouped_query"]
+    query, key = _inputs(torch.float32, q_len, kv_len, heads, kv_heads, seed=4)
+    visible = _visible(q_len, kv_len, causal, window, padding)
+
+    def stats(asked):
+        return row_statistics(query, key, scaling=0.4, temperature=0.3, visible_of=lambda keys: visible[..., keys],
+                              needs=frozenset(asked), top_k=4, block_keys=block_keys)
+
+    some, every = stats(needs), stats(STATISTICS)
+    fields = {"top": ["top_weights"], "max_logit": ["scaled_max", "raw_max"], "first_key": ["first_key_weight"],
+              "logit_moments": ["logit_count", "logit_sum", "logit_m2"]}
+    for name in sorted(needs):
+        for field in fields.get(name, [name]):
+            assert torch.equal(getattr(some, field), getattr(every, field)), field
+    assert torch.equal(some.visible, every.visible)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_entropy_and_first_key_equal_the_explicit_map(dtype, case):

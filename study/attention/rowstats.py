@@ -17,10 +17,11 @@ Two ways compute them, both without an (Lq, Lk) tensor:
   q.k times a scale (no soft-capping, no additive bias) and a kernel that returns the log-sum-exp;
 - key blocks: the scores of a block of keys at a time, merged online as flash attention merges them (a running
   maximum m, sum exp(s - m), sum exp(2 (s - m)), sum exp(s - m) (s - m), the running top-k, the first visible key,
-  the logits' count, mean and centred sum of squares by Chan's merge). Entropy from this pass is
-  lse - sum p s computed on logits shifted by the row maximum, so large logits (T = 0.01) lose no precision.
-  A second pass, only when asked (``second_pass``), reads exp(s - lse) again for what needs the final log-sum-exp:
-  the total variation to uniform over the visible keys and the count of weights that are not exactly zero.
+  the logits' count, mean and centred sum of squares by Chan's merge), each sum only when a statistic asked for
+  needs it. Entropy from this pass is lse - sum p s computed on logits shifted by the row maximum, so large logits
+  (T = 0.01) lose no precision. A second pass, only for the total variation to uniform over the visible keys and
+  the count of weights that are not exactly zero, reads exp(s - m) again once m is final; with one key block m is
+  final after the first, whose exp(s - m) it reuses.
 
 Memory: a few (B, H, Lq, block) score tensors, the block sized by `study.attention.blockwise`'s ``block_scores``,
 and per-row accumulators. Nothing here builds an autograd graph.
@@ -166,6 +167,8 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
                  else blockwise.keys_per_block(batch * heads, q_len, kv_len))
     full_pass = fused is None
     top_k = min(top_k, kv_len)
+    single_block = per_block >= kv_len
+    kept: tuple[slice, Tensor] | None = None  # (rows, exp(z - m)) of the one key block
 
     count = torch.zeros(rows, dtype=torch.int64, device=device)
     first = torch.full(rows, kv_len, dtype=torch.int64, device=device)
@@ -180,14 +183,17 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
         first_z = torch.zeros(rows, dtype=dtype, device=device)  # z of the first visible key
 
     def block_logits(rows: slice, keys: slice) -> tuple[Tensor, Tensor, Tensor]:
-        """(raw logits, z, visible) of the query rows ``rows`` and key columns ``keys``, masked entries -inf in z."""
+        """(raw logits, z, visible) of the query rows ``rows`` and key columns ``keys``, masked entries -inf in
+        both (-inf / T is -inf: z is the same as masking after the division)."""
         raw = torch.matmul(query[..., rows, :], key[..., keys, :].transpose(-1, -2)) * scaling
         if logit_transform is not None:
             raw = logit_transform(raw, rows, keys)
         seen = visible_of(keys)
         seen = torch.ones((), dtype=torch.bool, device=device) if seen is None else _rows(seen, rows)
         seen = seen.expand(raw.shape)
-        return raw, (raw / temperature).masked_fill(~seen, -math.inf), seen
+        # in place on the product this function made; a transform's result may be a view of the model's tensors
+        raw = raw.masked_fill_(~seen, -math.inf) if logit_transform is None else raw.masked_fill(~seen, -math.inf)
+        return raw, raw / temperature, seen
 
     for start in range(0, kv_len, per_block):
         keys = slice(start, min(start + per_block, kv_len))
@@ -202,15 +208,17 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
                 continue
             raw, z, seen = block_logits(at, keys)
         block_count = seen.sum(-1)
-        local = seen.to(torch.uint8).argmax(-1, keepdim=True)  # the block's first visible key (argmax: the first)
-        found = (first[..., at] == kv_len) & (block_count > 0)
-        first[..., at] = torch.where(found, local[..., 0] + start, first[..., at])
-        if full_pass:
-            first_z[..., at] = torch.where(found, z.gather(-1, local)[..., 0], first_z[..., at])
+        if "first_key" in needs:
+            local = seen.to(torch.uint8).argmax(-1, keepdim=True)  # the block's first visible key (argmax: the first)
+            found = (first[..., at] == kv_len) & (block_count > 0)
+            first[..., at] = torch.where(found, local[..., 0] + start, first[..., at])
+            if full_pass:
+                first_z[..., at] = torch.where(found, z.gather(-1, local)[..., 0], first_z[..., at])
         count[..., at] += block_count
         if not full_pass:
             continue
-        raw_max[..., at] = torch.maximum(raw_max[..., at], raw.masked_fill(~seen, -math.inf).amax(-1))
+        if "max_logit" in needs:
+            raw_max[..., at] = torch.maximum(raw_max[..., at], raw.amax(-1))
         m_at, total_at = m[..., at], total[..., at]
         new_m = torch.maximum(m_at, z.amax(-1))
         safe_m = torch.where(new_m.isfinite(), new_m, 0.0)
@@ -218,12 +226,19 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
         step = torch.where(m_at.isfinite(), m_at - safe_m, 0.0)
         centred = z - safe_m[..., None]
         e = torch.exp(centred)  # 0 on masked keys
-        shifted[..., at] = rescale * (shifted[..., at] + step * total_at) + torch.where(seen, e * centred, 0.0).sum(-1)
+        if single_block:  # m is final already: the second pass reads these exp(z - m) instead of forming them again
+            kept = (at, e)
+        if "entropy" in needs:
+            shifted[..., at] = (rescale * (shifted[..., at] + step * total_at)
+                                + torch.where(seen, e * centred, 0.0).sum(-1))
         total[..., at] = rescale * total_at + e.sum(-1)
-        total2[..., at] = rescale.square() * total2[..., at] + e.square().sum(-1)
+        if "collision" in needs:
+            total2[..., at] = rescale.square() * total2[..., at] + e.square().sum(-1)
         m[..., at] = new_m
         if top is not None:
-            top[..., at, :] = torch.cat([top[..., at, :], z], dim=-1).topk(top_k, dim=-1).values
+            # the first block's top needs no merge with the -inf it starts from (a block narrower than k does)
+            merged = z if start == 0 and z.shape[-1] >= top_k else torch.cat([top[..., at, :], z], dim=-1)
+            top[..., at, :] = merged.topk(top_k, dim=-1).values
         if "logit_moments" in needs:
             _merge_moments(moments, at, z, seen, block_count)
 
@@ -259,7 +274,7 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
             first_z = (query * k_first).sum(-1) * scaling / temperature
         out["first_key_weight"] = torch.where(has_keys, torch.exp(first_z - lse), 0.0)
     if needs & {"tv_uniform", "nonzero"}:
-        out.update(_second_pass(block_logits, rows_of, kv_len, per_block, m, safe_total, count, needs))
+        out.update(_second_pass(block_logits, rows_of, kv_len, per_block, m, safe_total, count, needs, kept))
     return RowStatistics(**out)
 
 
@@ -281,8 +296,9 @@ def _merge_moments(moments: list[Tensor], rows: slice, z: Tensor, seen: Tensor, 
 
 
 def _second_pass(block_logits, rows_of, kv_len: int, per_block: int, m: Tensor, total: Tensor, count: Tensor,
-                 needs: frozenset[str]) -> dict[str, Tensor]:
-    """Total variation to uniform and the nonzero count, from p = exp(z - m) / sum exp(z - m) read again."""
+                 needs: frozenset[str], kept: tuple[slice, Tensor] | None = None) -> dict[str, Tensor]:
+    """Total variation to uniform and the nonzero count, from p = exp(z - m) / sum exp(z - m) read again (or, with
+    one key block, from its exp(z - m) ``kept`` by the first pass: the same numbers)."""
     inv_n = 1.0 / count.clamp(min=1).to(m.dtype)
     safe_m = torch.where(m.isfinite(), m, 0.0)
     tv = torch.zeros_like(m)
@@ -293,8 +309,12 @@ def _second_pass(block_logits, rows_of, kv_len: int, per_block: int, m: Tensor, 
         at = rows_of(keys)
         if _no_rows(at, q_len):
             continue
-        _, z, _ = block_logits(at, keys)
-        p = torch.exp(z - safe_m[..., at, None]) / total[..., at, None]
+        if kept is not None:
+            at, e = kept
+        else:
+            _, z, _ = block_logits(at, keys)
+            e = torch.exp(z - safe_m[..., at, None])
+        p = e / total[..., at, None]
         tv[..., at] += (p - inv_n[..., at, None]).clamp_(min=0.0).sum(-1)
         nonzero[..., at] += (p != 0).sum(-1)
     out = {}

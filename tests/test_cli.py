@@ -88,15 +88,6 @@ def test_a_users_normaliser_takes_its_option_from_a_yaml_config(text_files, tmp_
     assert "kap=1 has no effect with normalizer 'tests.test_normalizers:CappedSoftmax'" in str(info.value)
 
 
-def test_the_monitors_former_topk_key_is_refused_naming_the_new_one(text_files, tmp_path):
-    config = tmp_path / "old.yaml"
-    config.write_text("trainer:\n  callbacks:\n    - class_path: study.callbacks.SelectionUniformityMonitor\n"
-                      "      init_args: {topk: [1, 4]}\n")
-    with pytest.raises((SystemExit, ValueError)) as info:
-        lightning_main(fit_args(text_files, tmp_path, "--config", str(config))[1:], run=False)
-    assert "`topk` is now `selection_ks`" in str(info.value) and "selection_ks: [1, 4]" in str(info.value)
-
-
 @pytest.mark.slow
 def test_study_fit_ends_with_its_log_folder_and_final_metrics(text_files, tmp_path, capsys):
     """One line naming where the logs are and what the run ended with, read back from the trainer's own metrics;

@@ -165,7 +165,6 @@ class SelectionUniformityMonitor(TapMonitor):
         validation: also aggregate over each validation epoch and log ``val/...``.
         selection_ks: the k of the top-k statistics (what they measure of each row; not the spec's `top_k`,
             which selects keys).
-        topk: the former name of ``selection_ks``, refused with a message naming it.
         per_head: also log one scalar per head.
         by_visible: also log max weight and H / log n per bin of the visible count n.
         layers: the layers to log (indices, negative from the end, and "mid"); None (default) every layer.
@@ -184,13 +183,9 @@ class SelectionUniformityMonitor(TapMonitor):
         selection_ks: Sequence[int] = (1, 4, 16),
         per_head: bool = False,
         by_visible: bool = True,
-        topk: Sequence[int] | None = None,
         layers: LayerChoice = None,
     ) -> None:
         super().__init__(every_n_steps, validation, layers)
-        if topk is not None:  # kept in the signature so that an old config gets this message, not "unknown key"
-            raise ValueError(f"SelectionUniformityMonitor's `topk` is now `selection_ks` (the k of its statistics, "
-                             f"not the spec's top_k selection): write selection_ks: {list(topk)}")
         selection_ks = tuple(selection_ks)
         if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in selection_ks):
             raise ValueError(f"selection_ks must be integers >= 1, got {selection_ks!r}")

@@ -54,7 +54,6 @@ PROBE_OPTIONS = {
     "text": "--text",
     "temperatures": "--temperatures",
     "windows": "--windows",
-    "batches": "--batches",  # the former name of windows
     "batch_size": "--batch-size",
     "seq_len": "--seq-len",
     "single_layers": "--single-layers",

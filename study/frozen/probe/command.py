@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default="shakespeare",
                    help="a text file, a folder of .txt files, or 'shakespeare' (the embedded held-out plays)")
     p.add_argument("--temperatures", type=float, nargs="+", default=list(DEFAULT_TEMPERATURES), help="the grid of T (> 0)")
-    p.add_argument("--windows", "--batches", dest="windows", type=int, default=20,
-                   help="independent text windows = the replicates (batch size 1); --batches is the former name")
+    p.add_argument("--windows", dest="windows", type=int, default=20,
+                   help="independent text windows = the replicates (batch size 1)")
     p.add_argument("--batch-size", type=int, default=1, help="must be 1: each window is one replicate")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per window")
     p.add_argument("--single-layers", type=int, nargs="*", default=None,

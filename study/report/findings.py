@@ -53,6 +53,7 @@ from study.report.stats import (
     events_needed,
     family_level,
     fmt,
+    least_squares_slope,
     loglog_slope,
     mean_interval,
     percent,
@@ -587,7 +588,7 @@ def depth_trends(runs: list[Summary], group: str,
             if slope is not None:
                 points.append((n_layers - layer, slope))
         if len(points) >= 3:
-            trends.append(float(np.polyfit([p[0] for p in points], [p[1] for p in points], 1)[0]))
+            trends.append(least_squares_slope([p[0] for p in points], [p[1] for p in points]))
     return trends
 
 

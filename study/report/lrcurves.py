@@ -30,7 +30,16 @@ import numpy as np
 from study import tags
 from study.atomic import save_figure
 from study.report import summary as S
-from study.report.stats import Family, Interval, TooFew, family_level, fmt, mean_interval, percent
+from study.report.stats import (
+    Family,
+    Interval,
+    TooFew,
+    family_level,
+    fmt,
+    least_squares_slope,
+    mean_interval,
+    percent,
+)
 from study.report.summary import Summary
 from study.report.table import table
 
@@ -180,11 +189,6 @@ def sign_verdict(interval: Interval, direction: int) -> str:
     if hi < 0:
         return "not supported"
     return "inconclusive"
-
-
-def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """The least-squares slope of y on x (the caller takes logs where the claim is about a power law)."""
-    return float(np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)[0])
 
 
 def interval_finding(key: str, claim: str, statistic: str, values: list[float], direction: int, rule: str,
@@ -718,4 +722,4 @@ def lr_section(summaries: Sequence[Summary], out: Path | None = None, value_note
 
 
 __all__ = ["ARMS", "LRFinding", "LRRun", "LRSection", "design_checks", "gather", "interval_finding",
-           "least_squares_slope", "lr_findings", "lr_run", "lr_section", "lr_tables", "lr_sensitivity", "sign_test"]
+           "lr_findings", "lr_run", "lr_section", "lr_tables", "lr_sensitivity", "sign_test"]

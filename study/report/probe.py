@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-
 from study.atomic import save_figure
 from study.report.stats import (
     INCONCLUSIVE,
@@ -26,6 +24,7 @@ from study.report.stats import (
     TooFew,
     decide,
     fmt,
+    least_squares_slope,
     loglog_slope,
     slope_interval,
 )
@@ -152,7 +151,7 @@ def depth_trend(slopes: list[float | None]) -> tuple[float, float, float] | None
     pts = [(i, s) for i, s in enumerate(slopes) if s is not None]
     if len(pts) < 2:
         return None
-    per_layer = float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
+    per_layer = least_squares_slope([p[0] for p in pts], [p[1] for p in pts])
     return pts[0][1], pts[-1][1], per_layer
 
 

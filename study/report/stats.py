@@ -457,8 +457,9 @@ def proportion_difference_interval(events_a: int, n_a: int, events_b: int, n_b: 
     return Interval(events_a / n_a - events_b / n_b, lo_a - hi_b, hi_a - lo_b, n_a + n_b, level)
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of y on x (the caller takes logs where the claim is about a power law)."""
+    return float(np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)[0])
 
 
 def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -466,7 +467,7 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     pts = [(x, y) for x, y in zip(xs, ys) if x > 0 and y is not None and math.isfinite(y) and y > 0]
     if len({x for x, _ in pts}) < 2:
         return None
-    return _slope([p[0] for p in pts], [p[1] for p in pts])
+    return least_squares_slope(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]))
 
 
 def slope_interval(per_level: dict[float, Sequence[float]], what: str = "runs", paired: bool = False) -> Interval:

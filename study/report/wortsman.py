@@ -49,7 +49,16 @@ from study.report.pooled import (
     write_outputs,
     write_pooled,
 )
-from study.report.stats import CONFIDENCE, Family, Interval, family_level, fmt, percent, replicates_needed
+from study.report.stats import (
+    CONFIDENCE,
+    Family,
+    Interval,
+    family_level,
+    fmt,
+    least_squares_slope,
+    percent,
+    replicates_needed,
+)
 from study.report.table import table
 
 # ---- the registered design (docs/findings.md, "The Wortsman-scale study"): one place ---------------------------
@@ -100,7 +109,7 @@ def sensitivity_slopes(curves: Curves, arm: str) -> dict[int, float]:
     for seed in curves.seeds(arm, TEMPERATURES):
         values = [range_sensitivity(curves, t, arm, seed) for t in TEMPERATURES]
         if None not in values:
-            out[seed] = lrcurves.least_squares_slope(np.log10(TEMPERATURES), values)
+            out[seed] = least_squares_slope(np.log10(TEMPERATURES), values)
     return out
 
 

@@ -42,6 +42,8 @@ ALL = slice(None)
 
 FUSED_ONLY = frozenset({"entropy", "first_key"})
 """What the fused way gives on its own; any other statistic takes the key-block pass."""
+SECOND_PASS = frozenset({"tv_uniform", "nonzero"})
+"""What needs the final log-sum-exp of every key: a second pass over the key blocks."""
 
 STATISTICS = frozenset({"entropy", "first_key", "max_weight", "collision", "max_logit", "top", "logit_moments",
                         "tv_uniform", "nonzero"})
@@ -167,8 +169,9 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
                  else blockwise.keys_per_block(batch * heads, q_len, kv_len))
     full_pass = fused is None
     top_k = min(top_k, kv_len)
-    single_block = per_block >= kv_len
-    kept: tuple[slice, Tensor] | None = None  # (rows, exp(z - m)) of the one key block
+    # with one key block m is final after it: the second pass reads its exp(z - m) instead of forming them again
+    keep_block = per_block >= kv_len and bool(needs & SECOND_PASS)
+    kept: tuple[slice, Tensor] | None = None  # (rows, exp(z - m)) of that block
 
     count = torch.zeros(rows, dtype=torch.int64, device=device)
     first = torch.full(rows, kv_len, dtype=torch.int64, device=device)
@@ -226,7 +229,7 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
         step = torch.where(m_at.isfinite(), m_at - safe_m, 0.0)
         centred = z - safe_m[..., None]
         e = torch.exp(centred)  # 0 on masked keys
-        if single_block:  # m is final already: the second pass reads these exp(z - m) instead of forming them again
+        if keep_block:
             kept = (at, e)
         if "entropy" in needs:
             shifted[..., at] = (rescale * (shifted[..., at] + step * total_at)
@@ -273,7 +276,7 @@ def _statistics(query, key, scaling, temperature, visible_of, rows_of, logit_tra
             k_first = key.gather(-2, index[..., None].expand(*rows, key.shape[-1]))
             first_z = (query * k_first).sum(-1) * scaling / temperature
         out["first_key_weight"] = torch.where(has_keys, torch.exp(first_z - lse), 0.0)
-    if needs & {"tv_uniform", "nonzero"}:
+    if needs & SECOND_PASS:
         out.update(_second_pass(block_logits, rows_of, kv_len, per_block, m, safe_total, count, needs, kept))
     return RowStatistics(**out)
 

@@ -123,12 +123,11 @@ class _ExplicitPath:
 def _path_settings(path: str):
     with contextlib.ExitStack() as stack:
         if path == "gathered":  # no tap, as an unlogged step; gathering forced, so the row is that path at any L
-            with blockwise_settings(gather_keys_per_pick=1):
-                yield
-            return
-        stack.enter_context(blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0))
-        if path != "stock sdpa":
-            stack.enter_context(tapping(_ExplicitPath()))
+            stack.enter_context(blockwise_settings(gather_keys_per_pick=1))
+        else:
+            stack.enter_context(blockwise_settings(min_scores=NEVER if path == "dense explicit" else 0))
+            if path != "stock sdpa":
+                stack.enter_context(tapping(_ExplicitPath()))
         yield
 
 
